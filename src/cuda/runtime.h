@@ -1,0 +1,102 @@
+// The CUDA runtime as lrnn uses it: one device, one stream that every op launches on (so a step
+// can be captured as a CUDA graph), one cuBLAS handle, error checks that name the call and the
+// place, owning device buffers, and a small scratch area for reductions inside one op call.
+//
+// Only compiled with LRNN_CUDA (LRNN_WITH_CUDA defined). Everything here is host code: op
+// kernels live in ops/<op>/<op>_cuda.cu and launch on `stream()`.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+#include <cuda_runtime.h>
+
+namespace lrnn::cuda {
+
+// Throws lrnn::Error naming the call, the CUDA error and file:line.
+[[noreturn]] void fail(cudaError_t e, const char* what, const char* file, int line);
+#define LRNN_CUDA_CHECK(x)                                                   \
+  do {                                                                       \
+    cudaError_t lrnn_e_ = (x);                                               \
+    if (lrnn_e_ != cudaSuccess) ::lrnn::cuda::fail(lrnn_e_, #x, __FILE__, __LINE__); \
+  } while (0)
+// After a kernel launch: catches bad launch configurations at once (not asynchronous faults).
+#define LRNN_CUDA_LAUNCH_CHECK() LRNN_CUDA_CHECK(cudaGetLastError())
+
+// True when a CUDA device can be used (false without a driver or GPU: tests skip then).
+bool available();
+// A one-line description of device 0 ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
+std::string device_name();
+// The stream every lrnn op launches on (created on first use).
+cudaStream_t stream();
+// Waits for everything on the stream; rethrows asynchronous kernel faults.
+void synchronize();
+
+// Matrix products: TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation; the default
+// for training) or full fp32 (for tight comparisons against the CPU reference).
+enum class GemmPrecision { TF32, FP32 };
+void set_gemm_precision(GemmPrecision p);
+GemmPrecision gemm_precision();
+// The cuBLAS handle bound to stream(), with a fixed workspace (graph capture allocates nothing).
+void* cublas();  // cublasHandle_t
+
+// Device scratch for reductions within a single op call (stream-ordered, so calls may reuse it):
+// at least `bytes` (<= 1 MiB), 256-byte aligned. Allocated once, before any capture.
+void* scratch(size_t bytes);
+
+// An owning device allocation of n elements of T (cudaMalloc; contents undefined).
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n) { resize(n); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~Buffer() { release(); }
+  // Reallocates when n differs (contents are lost).
+  void resize(size_t n) {
+    if (n == n_) return;
+    release();
+    if (n) LRNN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+    n_ = n;
+  }
+  void zero() {
+    if (n_) LRNN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), stream()));
+  }
+  void upload(const T* host, size_t n) {
+    resize(n);
+    if (n) LRNN_CUDA_CHECK(cudaMemcpyAsync(p_, host, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
+    synchronize();
+  }
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    if (n_) LRNN_CUDA_CHECK(cudaMemcpyAsync(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+    synchronize();
+    return v;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Launch geometry helpers for 1-D grids.
+inline unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace lrnn::cuda

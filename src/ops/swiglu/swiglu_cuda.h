@@ -1,0 +1,7 @@
+// CUDA SwiGLU: the same contract as swiglu.h (device pointers, fp32). Backward accumulates.
+#pragma once
+namespace lrnn::ops::cuda {
+void swiglu_forward(float* out, const float* gate, const float* up, int N, int I, int ld = 0);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
+                     int ld = 0);
+}  // namespace lrnn::ops::cuda
