@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
+#include "train/engine.h"
 #include "train/sweep.h"
 #include "train/trainer.h"
 
@@ -17,22 +18,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A saved run: its resolved config and the model with its trained weights.
+// A saved run: its resolved config and an engine (CPU or CUDA, training.device or --device)
+// holding the trained weights.
 struct LoadedRun {
   ExperimentConfig cfg;
-  std::unique_ptr<DataParallel> dp;
-  Model<float>& model() { return dp->main(); }
+  std::unique_ptr<Engine> engine;
+  Model<float>& model() { return engine->host_model(); }
 };
 
-LoadedRun load_run(const fs::path& dir, const std::vector<std::string>& overrides) {
+LoadedRun load_run(const fs::path& dir, std::vector<std::string> overrides, const std::string& device) {
   if (!fs::is_directory(dir)) LRNN_USER_ERROR("{}: no such run directory", dir.string());
+  if (!device.empty()) overrides.push_back("training.device=" + device);
   LoadedRun r;
   r.cfg = ExperimentConfig::load((dir / "config.yaml").string(), overrides);
-  r.dp = std::make_unique<DataParallel>(r.cfg.model, r.cfg.source, 0, r.cfg.training.num_threads);
+  r.engine = make_engine(r.cfg);
   fs::path weights = dir / "model.safetensors";
   if (!fs::exists(weights)) LRNN_USER_ERROR("{}: no model.safetensors (did the run finish a checkpoint?)", dir.string());
   load_params(weights, r.model());
-  r.dp->sync_params();
+  TrainState st;
+  st.m.assign(r.model().params.size(), 0.f);
+  st.v.assign(r.model().params.size(), 0.f);
+  r.engine->start(st);
   return r;
 }
 
@@ -47,8 +53,9 @@ void print_eval_table(const nlohmann::json& e) {
   row(e);
 }
 
-int cmd_train(const std::string& config, const std::vector<std::string>& sets, std::string out,
-              const std::string& resume, bool force) {
+int cmd_train(const std::string& config, std::vector<std::string> sets, std::string out, const std::string& resume,
+              bool force, const std::string& device) {
+  if (!device.empty()) sets.push_back("training.device=" + device);
   TrainOptions opt;
   ExperimentConfig cfg;
   if (!resume.empty()) {
@@ -76,9 +83,9 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets, s
   return 0;
 }
 
-int cmd_eval(const std::string& run, const std::vector<std::string>& sets) {
-  LoadedRun r = load_run(run, sets);
-  nlohmann::json e = evaluate_run(*r.dp, r.cfg);
+int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const std::string& device) {
+  LoadedRun r = load_run(run, sets, device);
+  nlohmann::json e = evaluate_run(r.engine->logits_fn(), r.model().vocab_size(), r.cfg);
   print_eval_table(e);
   std::printf("%s\n", e.dump().c_str());
   return 0;
@@ -108,8 +115,8 @@ int cmd_data(const std::string& task_name, int n, int64_t seed, const std::vecto
   return 0;
 }
 
-int cmd_predict(const std::string& run, const std::string& tokens_text, bool full_logits) {
-  LoadedRun r = load_run(run, {});
+int cmd_predict(const std::string& run, const std::string& tokens_text, bool full_logits, const std::string& device) {
+  LoadedRun r = load_run(run, {}, device);
   std::vector<int32_t> tok;
   std::istringstream in(tokens_text);
   std::string w;
@@ -123,8 +130,13 @@ int cmd_predict(const std::string& run, const std::string& tokens_text, bool ful
   }
   if (tok.empty()) LRNN_USER_ERROR("predict: --tokens: give at least one token id, e.g. --tokens \"1 2 2 1\"");
   auto task = create_task(r.cfg.task);
-  r.model().forward(tok.data(), nullptr, 1, int(tok.size()));
-  const float* lg = r.model().logits();
+  Batch b;
+  b.B = 1;
+  b.T = int(tok.size());
+  b.tokens = tok;
+  b.labels.assign(tok.size(), -1);
+  b.lengths = {b.T};
+  const float* lg = r.engine->logits_fn()(b);
   nlohmann::json pos = nlohmann::json::array();
   for (size_t t = 0; t < tok.size(); ++t) {
     const float* row = lg + t * V;
@@ -162,7 +174,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "lrnn 0.1.0");
 
-  std::string config, out, resume, run_dir, task = "parity", split = "train", tokens;
+  std::string config, out, resume, run_dir, task = "parity", split = "train", tokens, device;
+  const auto devices = CLI::IsMember({"cpu", "cuda"});
   std::vector<std::string> sets;
   bool force = false, full_logits = false;
   int n = 5, length = 0;
@@ -174,10 +187,12 @@ int run(int argc, char** argv) {
   train->add_option("--out", out, "run directory (default runs/<config name>)");
   train->add_option("--resume", resume, "continue the run in this directory from its last checkpoint");
   train->add_flag("--force", force, "start over in a directory that holds a run");
+  train->add_option("--device", device, "cpu or cuda (same as --set training.device=...)")->check(devices);
 
   auto* eval = app.add_subcommand("eval", "re-evaluate a saved run (e.g. --set task.eval_len=[40,512])");
   eval->add_option("--run", run_dir, "run directory")->required();
   eval->add_option("--set", sets, "override task.* keys");
+  eval->add_option("--device", device, "cpu or cuda (default: the run's training.device)")->check(devices);
 
   auto* data = app.add_subcommand("data", "print task samples as JSON lines");
   data->add_option("--task", task, "task name")->capture_default_str();
@@ -191,6 +206,7 @@ int run(int argc, char** argv) {
   predict->add_option("--run", run_dir, "run directory")->required();
   predict->add_option("--tokens", tokens, "space-separated token ids, e.g. \"1 2 2 1\"")->required();
   predict->add_flag("--logits", full_logits, "print logits even for large vocabularies");
+  predict->add_option("--device", device, "cpu or cuda (default: the run's training.device)")->check(devices);
 
   std::string grid;
   int jobs = 1;
@@ -213,10 +229,10 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    if (*train) return cmd_train(config, sets, out, resume, force);
-    if (*eval) return cmd_eval(run_dir, sets);
+    if (*train) return cmd_train(config, sets, out, resume, force, device);
+    if (*eval) return cmd_eval(run_dir, sets, device);
     if (*data) return cmd_data(task, n, seed, sets, split, length);
-    if (*predict) return cmd_predict(run_dir, tokens, full_logits);
+    if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
   } catch (const UserError& e) {
     std::fprintf(stderr, "lrnn: error: %s\n", e.what());

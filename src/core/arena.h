@@ -21,6 +21,7 @@ class Arena {
     LRNN_CHECK(buf_ != nullptr, "arena: out of memory asking for {} bytes", bytes);
     cap_ = round(bytes);
     used_ = 0;
+    ++generation_;
   }
   void reset() { used_ = 0; }
   template <class T> T* alloc(size_t n) {
@@ -31,12 +32,15 @@ class Arena {
     return p;
   }
   size_t used() const { return used_; }
+  // Bumped on every reallocation (earlier pointers are stale).
+  int generation() const { return generation_; }
   static size_t round(size_t b) { return (b + 63) / 64 * 64; }
 
  private:
   struct Free { void operator()(std::byte* p) const { std::free(p); } };
   std::unique_ptr<std::byte, Free> buf_;
   size_t cap_ = 0, used_ = 0;
+  int generation_ = 0;
 };
 
 // Counts bytes for a planned sequence of allocations (first pass), so the arena is sized exactly.

@@ -2,15 +2,6 @@
 #include <cmath>
 #include <cstring>
 #include <fmt/format.h>
-#include "ops/cross_entropy/cross_entropy.h"
-#include "ops/embedding/embedding.h"
-#include "ops/forget_gate/forget_gate.h"
-#include "ops/gated_rmsnorm/gated_rmsnorm.h"
-#include "ops/l2norm/l2norm.h"
-#include "ops/linear/linear.h"
-#include "ops/rmsnorm/rmsnorm.h"
-#include "ops/short_conv/short_conv.h"
-#include "ops/swiglu/swiglu.h"
 
 namespace lrnn {
 
@@ -42,14 +33,15 @@ void init_forget_gate(const ParamLayout& lay, size_t a_entry, size_t dt_entry, T
 }  // namespace
 
 template <class T>
-DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) : spec_(spec) {
-  const DeltaLMSpec& s = spec_;
+DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) {
+  net_.spec = spec;
+  const DeltaLMSpec& s = net_.spec;
   const int64_t d = s.hidden_size, V = s.vocab_size, H = s.num_heads, Dk = s.head_k_dim, Dv = s.head_v_dim;
   const int64_t n = s.num_householder, I = s.intermediate_size, K = s.conv_size, L = s.num_hidden_layers;
   LRNN_CHECK(d > 0 && V > 0 && H > 0 && Dk > 0 && Dv > 0 && n >= 1 && I > 0 && L > 0, "bad DeltaLM spec");
   const int64_t Kd = H * Dk, Vd = H * Dv;
   // Columns of the fused projection row: q | k (n_h) | v (n_h) | b (n_h) | a | g.
-  Cols& c = cols_;
+  DeltaLMLayout::Cols& c = net_.cols;
   c.Kd = int(Kd);
   c.Vd = int(Vd);
   c.q = 0;
@@ -63,10 +55,10 @@ DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) : spec_(spec) {
   const double r = s.initializer_range, attn_gain = std::pow(2.0, -2.5);
   auto& lay = this->layout_;
   std::vector<std::pair<size_t, size_t>> gate_entries;
-  emb_ = lay.add("model.embeddings.weight", {V, d}, Init::Normal, r, true);
+  net_.emb = lay.add("model.embeddings.weight", {V, d}, Init::Normal, r, true);
   for (int l = 0; l < L; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
-    LayerParams x{};
+    DeltaLMLayout::LayerParams x{};
     x.attn_norm = lay.add(p + "attn_norm.weight", {d}, Init::Ones, 0, false);
     // q|k|v|b|a|g: one [W, d] matrix for one GEMM (names and shapes stay fla's). Attention
     // projections: xavier_uniform, gain 2^-2.5 (fla's _initialize_weights).
@@ -108,172 +100,209 @@ DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) : spec_(spec) {
     x.up_proj = lay.add(p + "mlp.up_proj.weight", {I, d}, Init::Normal, r, true);
     x.down_proj = lay.add(p + "mlp.down_proj.weight", {d, I}, Init::Normal, r / std::sqrt(2.0 * L), true);
     LRNN_CHECK(x.up_proj == x.gate_proj + size_t(I * d), "fused MLP layout broken");
-    lp_.push_back(x);
+    net_.layers.push_back(x);
   }
-  norm_ = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
-  head_ = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
+  net_.norm = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
+  net_.head = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
   this->allocate();
   init_params(lay, this->params.data(), seed);
   for (auto [ia, idt] : gate_entries) init_forget_gate(lay, ia, idt, this->params.data(), seed);
 }
 
 template <class T>
-template <class Alloc>
-void DeltaLM<T>::carve(Alloc& a, int B, int T_, bool train) {
-  const size_t N = size_t(B) * T_, C = spec_.hidden_size, H = spec_.num_heads, I = spec_.intermediate_size;
-  const size_t V = spec_.vocab_size, n = spec_.num_householder, Vd = cols_.Vd;
-  auto get = [&](size_t m) -> T* {
-    if constexpr (std::is_same_v<Alloc, Arena>) return a.template alloc<T>(m);
-    else { a.template add<T>(m); return nullptr; }
-  };
-  acts_.layers.resize(spec_.num_hidden_layers);
-  for (auto& l : acts_.layers) {
-    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
-    l.proj = get(N * cols_.W); l.qkvc = get(N * cols_.Wc()); l.qkn = get(N * cols_.Wqk()); l.rqk = get(N * (1 + n) * H);
-    l.lg = spec_.use_forget_gate ? get(N * H) : nullptr;
-    l.o = get(N * Vd); l.ro = get(N * H); l.on = get(N * Vd);
-    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
-    l.gu = get(N * 2 * I); l.act = get(N * I);
-    l.ckpt = train ? get(ops::delta_rule_ckpt_size(dims(B, T_))) : nullptr;
-  }
-  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
+double DeltaLM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  const size_t N = size_t(B) * T_;
+  tokens_.assign(tokens, tokens + N);
+  if (labels) labels_.assign(labels, labels + N);
+  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
 }
 
-template <class T>
-ops::DeltaRuleDims DeltaLM<T>::dims(int B, int T_) const {
+ops::DeltaRuleDims DeltaLMLayout::dims(int B, int T_) const {
   ops::DeltaRuleDims d;
-  d.B = B; d.T = T_; d.H = spec_.num_heads; d.Dk = spec_.head_k_dim; d.Dv = spec_.head_v_dim;
-  d.n_h = spec_.num_householder;
-  d.range = spec_.allow_neg_eigval ? ops::EigenRange::Signed : ops::EigenRange::Unit;
+  d.B = B; d.T = T_; d.H = spec.num_heads; d.Dk = spec.head_k_dim; d.Dv = spec.head_v_dim;
+  d.n_h = spec.num_householder;
+  d.range = spec.allow_neg_eigval ? ops::EigenRange::Signed : ops::EigenRange::Unit;
   // q, k from the normalised [N, Wqk] buffer, v from the conv output [N, Wc], beta logits from
   // the fused projection [N, W].
-  d.ldq = d.ldk = cols_.Wqk();
-  d.ldv = cols_.Wc();
-  d.ldb = cols_.W;
+  d.ldq = d.ldk = cols.Wqk();
+  d.ldv = cols.Wc();
+  d.ldb = cols.W;
   return d;
 }
 
-template <class T>
-double DeltaLM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const DeltaLMSpec& s = spec_;
-  const Cols& c = cols_;
-  const int N = B * T_, C = s.hidden_size, H = s.num_heads, Dk = s.head_k_dim, Dv = s.head_v_dim;
-  const int n = s.num_householder, I = s.intermediate_size, V = s.vocab_size, K = s.use_short_conv ? s.conv_size : 0;
-  const double eps = s.norm_eps;
-  ArenaPlan plan;
-  carve(plan, B, T_, labels != nullptr);
-  arena_.reserve(plan.bytes);
-  Bc_ = B;
-  Tc_ = T_;
-  arena_.reset();
-  carve(arena_, B, T_, labels != nullptr);
-  tokens_.assign(tokens, tokens + N);
-  labels_.assign(N, -1);
-  if (labels) labels_.assign(labels, labels + N);
-  const T* P = this->params.data();
-
-  ops::embedding_forward(acts_.layers[0].h, tokens, P + emb_, N, C, V);
-  for (size_t li = 0; li < lp_.size(); ++li) {
-    auto& a = acts_.layers[li];
-    auto& w = lp_[li];
-    ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
-    ops::linear_forward<T>(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
-    ops::short_conv_forward(a.qkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W, c.Wc());
-    ops::l2norm_forward(a.qkn, a.rqk, a.qkvc, N, Dk, 1e-6, (1 + n) * H, c.Wc(), c.Wqk());
-    if (s.use_forget_gate) ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
-    ops::delta_rule_forward<T>(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dims(B, T_), a.ckpt);
-    if (s.use_output_gate)
-      ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
-    else
-      ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
-    ops::linear_forward<T>(a.hmid, a.on, P + w.o_proj, nullptr, N, c.Vd, C);
-    for (size_t i = 0; i < size_t(N) * C; ++i) a.hmid[i] += a.h[i];
-    ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.mlp_norm, N, C, eps);
-    ops::linear_forward<T>(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
-    ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
-    T* next = li + 1 < lp_.size() ? acts_.layers[li + 1].h : acts_.hout;
-    ops::linear_forward<T>(next, a.act, P + w.down_proj, nullptr, N, I, C);
-    for (size_t i = 0; i < size_t(N) * C; ++i) next[i] += a.hmid[i];
+template <class T, class Ops>
+template <class Alloc>
+void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
+  const DeltaLMSpec& s = net_.spec;
+  const DeltaLMLayout::Cols& c = net_.cols;
+  const size_t N = size_t(B) * T_, C = s.hidden_size, H = s.num_heads, I = s.intermediate_size;
+  const size_t V = s.vocab_size, n = s.num_householder, Vd = c.Vd;
+  auto get = [&](size_t m) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(m); return nullptr; }
+    else return a.template alloc<T>(m);
+  };
+  acts_.layers.resize(s.num_hidden_layers);
+  for (auto& l : acts_.layers) {
+    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
+    l.proj = get(N * c.W); l.qkvc = get(N * c.Wc()); l.qkn = get(N * c.Wqk()); l.rqk = get(N * (1 + n) * H);
+    l.lg = s.use_forget_gate ? get(N * H) : nullptr;
+    l.o = get(N * Vd); l.ro = get(N * H); l.on = get(N * Vd);
+    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
+    l.gu = get(N * 2 * I); l.act = get(N * I);
+    l.ckpt = train ? get(ops::delta_rule_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
-  ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + norm_, N, C, eps);
-  ops::linear_forward<T>(acts_.logits, acts_.xf, P + head_, nullptr, N, C, V);
-  if (!labels) return 0.0;
-  return ops::cross_entropy_forward<T>(nullptr, acts_.logits, labels_.data(), N, V);
+  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
+  acts_.loss = get(1);
 }
 
-template <class T>
-void DeltaLM<T>::backward() {
-  LRNN_CHECK(!acts_.layers.empty() && acts_.layers[0].ckpt != nullptr, "backward needs a forward with labels");
-  const DeltaLMSpec& s = spec_;
-  const Cols& c = cols_;
+template <class T, class Ops>
+template <class Alloc>
+void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
+  const DeltaLMSpec& s = net_.spec;
+  const DeltaLMLayout::Cols& c = net_.cols;
+  const size_t N = size_t(B) * T_, NC = N * s.hidden_size, NV = N * c.Vd, I = s.intermediate_size;
+  auto get = [&](size_t m) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(m); return nullptr; }
+    else return m ? a.template alloc<T>(m) : nullptr;
+  };
+  g_.dh = get(NC); g_.dx = get(NC); g_.d1 = get(NV); g_.d2 = get(NV);
+  g_.dproj = get(N * c.W); g_.dqkvc = get(N * c.Wc()); g_.dqkn = get(N * c.Wqk());
+  g_.dlg = get(s.use_forget_gate ? N * s.num_heads : 0);
+  g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(N * s.vocab_size);
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::reserve(int B, int T_, bool train) {
+  ArenaPlan plan;
+  carve(plan, B, T_, train);
+  arena_.reserve(plan.bytes);
+  if (train) {
+    ArenaPlan gp;
+    carve_grads(gp, B, T_);
+    grad_arena_.reserve(gp.bytes);
+  }
+}
+
+template <class T, class Ops>
+double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  const DeltaLMSpec& s = net_.spec;
+  const DeltaLMLayout::Cols& c = net_.cols;
+  const int N = B * T_, C = s.hidden_size, H = s.num_heads, Dv = s.head_v_dim;
+  const int n = s.num_householder, I = s.intermediate_size, V = s.vocab_size, K = s.use_short_conv ? s.conv_size : 0;
+  const int Dk = s.head_k_dim;
+  const double eps = s.norm_eps;
+  const bool train = labels != nullptr;
+  ArenaPlan plan;
+  carve(plan, B, T_, train);
+  arena_.reserve(plan.bytes);
+  arena_.reset();
+  carve(arena_, B, T_, train);
+  Bc_ = B;
+  Tc_ = T_;
+  tokens_ = tokens;
+  labels_ = labels;
+  trained_ = train;
+  const ops::DeltaRuleDims dd = net_.dims(B, T_);
+
+  Ops::embedding_forward(acts_.layers[0].h, tokens, P + net_.emb, N, C, V);
+  for (size_t li = 0; li < net_.layers.size(); ++li) {
+    auto& a = acts_.layers[li];
+    auto& w = net_.layers[li];
+    Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
+    Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
+    Ops::short_conv_forward(a.qkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W, c.Wc());
+    Ops::l2norm_forward(a.qkn, a.rqk, a.qkvc, N, Dk, 1e-6, (1 + n) * H, c.Wc(), c.Wqk());
+    if (s.use_forget_gate) Ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
+    Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt);
+    if (s.use_output_gate)
+      Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
+    else
+      Ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
+    Ops::linear_forward(a.hmid, a.on, P + w.o_proj, nullptr, N, c.Vd, C);
+    Ops::add_inplace(a.hmid, a.h, size_t(N) * C);
+    Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.mlp_norm, N, C, eps);
+    Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
+    Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
+    T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
+    Ops::linear_forward(next, a.act, P + w.down_proj, nullptr, N, I, C);
+    Ops::add_inplace(next, a.hmid, size_t(N) * C);
+  }
+  Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
+  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
+  if (!labels) return 0.0;
+  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
+  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  const DeltaLMSpec& s = net_.spec;
+  const DeltaLMLayout::Cols& c = net_.cols;
   const int B = Bc_, T_ = Tc_, N = B * T_, C = s.hidden_size, H = s.num_heads, Dk = s.head_k_dim;
   const int Dv = s.head_v_dim, n = s.num_householder, I = s.intermediate_size, V = s.vocab_size;
   const int K = s.use_short_conv ? s.conv_size : 0;
-  const T* P = this->params.data();
-  T* G = this->grads.data();
-  // Gradient buffers, reused by every layer, kept between steps (no page faults per step).
-  const size_t NC = size_t(N) * C, NV = size_t(N) * c.Vd;
-  const size_t sizes[] = {NC, NC, NV, NV, size_t(N) * c.W, size_t(N) * c.Wc(), size_t(N) * c.Wqk(),
-                          s.use_forget_gate ? size_t(N) * H : 0, size_t(N) * 2 * I, size_t(N) * I, size_t(N) * V};
-  size_t bytes = 0;
-  for (size_t m : sizes) bytes += Arena::round(sizeof(T) * m);
-  grad_arena_.reserve(bytes);
+  const ops::DeltaRuleDims dd = net_.dims(B, T_);
+  ArenaPlan plan;
+  carve_grads(plan, B, T_);
+  grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
-  struct Buf {
-    T* p;
-    size_t n;
-    T* data() { return p; }
-  };
-  auto buf = [&](size_t m) { return Buf{grad_arena_.alloc<T>(m), m}; };
-  Buf dh = buf(NC), dx = buf(NC), d1 = buf(NV), d2 = buf(NV), dproj = buf(size_t(N) * c.W),
-      dqkvc = buf(size_t(N) * c.Wc()), dqkn = buf(size_t(N) * c.Wqk()),
-      dlg = buf(s.use_forget_gate ? size_t(N) * H : 0), dgu = buf(size_t(N) * 2 * I), dact = buf(size_t(N) * I),
-      dlogits = buf(size_t(N) * V);
-  auto zero = [](Buf& b) { std::memset(b.p, 0, b.n * sizeof(T)); };
-  zero(dh);
-  zero(dx);
+  carve_grads(grad_arena_, B, T_);
+  const size_t NC = size_t(N) * C, NV = size_t(N) * c.Vd;
+  Grads& g = g_;
+  Ops::zero(g.dh, NC);
 
-  ops::cross_entropy_backward<T>(dlogits.data(), acts_.logits, labels_.data(), N, V, 1.0);
-  ops::linear_backward<T>(dx.data(), G + head_, nullptr, dlogits.data(), acts_.xf, P + head_, N, C, V);
-  ops::rmsnorm_backward<T>(dh.data(), G + norm_, dx.data(), acts_.hout, P + norm_, acts_.rstdf, N, C);
+  Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
+  Ops::zero(g.dx, NC);
+  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
+  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
 
-  for (int li = int(lp_.size()) - 1; li >= 0; --li) {
+  for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
-    auto& w = lp_[li];
+    auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    zero(dact); zero(dgu); zero(dx);
-    ops::linear_backward<T>(dact.data(), G + w.down_proj, nullptr, dh.data(), a.act, P + w.down_proj, N, I, C);
-    ops::swiglu_backward(dgu.data(), dgu.data() + I, dact.data(), a.gu, a.gu + I, N, I, 2 * I);
-    ops::linear_backward<T>(dx.data(), G + w.gate_proj, nullptr, dgu.data(), a.x2, P + w.gate_proj, N, C, 2 * I);
-    ops::rmsnorm_backward<T>(dh.data(), G + w.mlp_norm, dx.data(), a.hmid, P + w.mlp_norm, a.rstd2, N, C);
+    Ops::zero(g.dact, size_t(N) * I);
+    Ops::zero(g.dgu, size_t(N) * 2 * I);
+    Ops::zero(g.dx, NC);
+    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C);
+    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I);
+    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I);
+    Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
     // Mixer: hmid = h + o_proj(o_norm(delta_rule(...)))
-    zero(d1); zero(d2); zero(dproj);
-    ops::linear_backward<T>(d1.data(), G + w.o_proj, nullptr, dh.data(), a.on, P + w.o_proj, N, c.Vd, C);
+    Ops::zero(g.d1, NV);
+    Ops::zero(g.d2, NV);
+    Ops::zero(g.dproj, size_t(N) * c.W);
+    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C);
     if (s.use_output_gate)
-      ops::gated_rmsnorm_backward<T>(d2.data(), dproj.data() + c.g, G + w.o_norm, d1.data(), a.o, a.proj + c.g,
-                                     P + w.o_norm, a.ro, N, H, Dv, c.W);
+      Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
+                                  H, Dv, c.W);
     else
-      ops::rmsnorm_backward<T>(d2.data(), G + w.o_norm, d1.data(), a.o, P + w.o_norm, a.ro, N * H, Dv);
-    zero(dqkn); zero(dqkvc);
-    if (s.use_forget_gate) zero(dlg);
-    ops::delta_rule_backward<T>(dqkn.data(), dqkn.data() + c.k, dqkvc.data() + c.v, dproj.data() + c.b,
-                                s.use_forget_gate ? dlg.data() : nullptr, d2.data(), a.qkn, a.qkn + c.k,
-                                a.qkvc + c.v, a.proj + c.b, a.lg, dims(B, T_), a.ckpt);
+      Ops::rmsnorm_backward(g.d2, G + w.o_norm, g.d1, a.o, P + w.o_norm, a.ro, N * H, Dv);
+    Ops::zero(g.dqkn, size_t(N) * c.Wqk());
+    Ops::zero(g.dqkvc, size_t(N) * c.Wc());
+    if (s.use_forget_gate) Ops::zero(g.dlg, size_t(N) * H);
+    Ops::delta_rule_backward(g.dqkn, g.dqkn + c.k, g.dqkvc + c.v, g.dproj + c.b, s.use_forget_gate ? g.dlg : nullptr,
+                             g.d2, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt);
     if (s.use_forget_gate)
-      ops::forget_gate_backward<T>(dproj.data() + c.a, G + w.A_log, G + w.dt_bias, dlg.data(), a.proj + c.a,
-                                   P + w.A_log, P + w.dt_bias, N, H, c.W);
-    ops::l2norm_backward(dqkvc.data(), dqkn.data(), a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk());
-    ops::short_conv_backward(dproj.data(), K ? G + w.q_conv : nullptr, dqkvc.data(), a.proj,
-                             K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W, c.Wc());
-    zero(dx);
-    ops::linear_backward<T>(dx.data(), G + w.q_proj, nullptr, dproj.data(), a.x1, P + w.q_proj, N, C, c.W);
-    ops::rmsnorm_backward<T>(dh.data(), G + w.attn_norm, dx.data(), a.h, P + w.attn_norm, a.rstd1, N, C);
+      Ops::forget_gate_backward(g.dproj + c.a, G + w.A_log, G + w.dt_bias, g.dlg, a.proj + c.a, P + w.A_log,
+                                P + w.dt_bias, N, H, c.W);
+    Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk());
+    Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
+                             c.Wc(), K, c.W, c.Wc());
+    Ops::zero(g.dx, NC);
+    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W);
+    Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
-  ops::embedding_backward<T>(G + emb_, dh.data(), tokens_.data(), N, C);
+  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
 }
 
 template class DeltaLM<float>;
 template class DeltaLM<double>;
+template class DeltaLMCore<float, CpuOps<float>>;
+template class DeltaLMCore<double, CpuOps<double>>;
+#ifdef LRNN_WITH_CUDA
+template class DeltaLMCore<float, CudaOps>;
+#endif
 
 }  // namespace lrnn

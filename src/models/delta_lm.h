@@ -18,7 +18,7 @@
 // one GEMM into one row per token that the ops read in place through token strides; the three
 // short convs are one depthwise conv over the q|k|v part likewise.
 #pragma once
-#include "core/arena.h"
+#include "models/backend.h"
 #include "models/model.h"
 #include "ops/delta_rule/delta_rule.h"
 
@@ -41,20 +41,9 @@ struct DeltaLMSpec {
 // fla's MLP width: intermediate_size when set (> 0), else 256 * ceil(floor(d * ratio * 2/3) / 256).
 int fla_mlp_size(int hidden_size, int hidden_ratio, int intermediate_size);
 
-template <class T>
-class DeltaLM : public Model<T> {
- public:
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override;
-  const T* logits() const override { return acts_.logits; }
-  int vocab_size() const override { return spec_.vocab_size; }
-  const DeltaLMSpec& spec() const { return spec_; }
-
- protected:
-  DeltaLMSpec spec_;
-  DeltaLM(const DeltaLMSpec& spec, uint64_t seed);
-
- private:
+// Where the network's pieces sit: parameter offsets in the flat buffer (fla's names, see the
+// constructor of DeltaLM) and the columns of the fused projection row. Backend-independent.
+struct DeltaLMLayout {
   // Offsets of the mixer's parts inside one token's fused projection row.
   struct Cols {
     int Kd, Vd, q, k, v, b, a, g, W;  // W: the row width
@@ -66,6 +55,35 @@ class DeltaLM : public Model<T> {
     size_t q_conv, k_conv, v_conv, o_norm, o_proj;
     size_t mlp_norm, gate_proj, up_proj, down_proj;
   };
+  DeltaLMSpec spec;
+  Cols cols{};
+  std::vector<LayerParams> layers;
+  size_t emb = 0, norm = 0, head = 0;
+  ops::DeltaRuleDims dims(int B, int T_) const;
+};
+
+// The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
+// parameter and gradient buffers in that backend's memory. Activations live in an arena sized
+// per (batch, length); gradient buffers in a second arena kept between steps.
+template <class T, class Ops>
+class DeltaLMCore {
+ public:
+  explicit DeltaLMCore(const DeltaLMLayout& net) : net_(net) {}
+  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
+  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
+  // device it stays in loss() and NaN is returned.
+  double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+  // Accumulates the gradients of the last forward (which had labels) into G.
+  void backward(const T* P, T* G);
+  // Sizes both arenas for a (B, T) step without running it (so later steps of at most that size
+  // allocate nothing: what a captured CUDA graph needs).
+  void reserve(int B, int T_, bool train);
+  const T* logits() const { return acts_.logits; }
+  const T* loss() const { return acts_.loss; }
+  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ private:
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* proj;  // [N, W]    q|k|v pre-conv, beta logits, forget-gate logits, output gate
@@ -81,18 +99,40 @@ class DeltaLM : public Model<T> {
   };
   struct Acts {
     std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits;
+    T *hout, *rstdf, *xf, *logits, *loss;
+  };
+  struct Grads {
+    T *dh, *dx, *d1, *d2, *dproj, *dqkvc, *dqkn, *dlg, *dgu, *dact, *dlogits;
   };
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
-  ops::DeltaRuleDims dims(int B, int T_) const;
+  template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
 
-  Cols cols_{};
-  std::vector<LayerParams> lp_;
-  size_t emb_ = 0, norm_ = 0, head_ = 0;
-  Arena arena_, grad_arena_;
+  const DeltaLMLayout& net_;
+  typename Ops::Arena arena_, grad_arena_;
   Acts acts_{};
-  std::vector<int32_t> tokens_, labels_;
+  Grads g_{};
+  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
   int Bc_ = 0, Tc_ = 0;  // shape of the last forward
+  bool trained_ = false;   // the last forward kept what backward needs
+};
+
+template <class T>
+class DeltaLM : public Model<T> {
+ public:
+  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  int vocab_size() const override { return net_.spec.vocab_size; }
+  const DeltaLMSpec& spec() const { return net_.spec; }
+  const DeltaLMLayout& net() const { return net_; }
+
+ protected:
+  DeltaLM(const DeltaLMSpec& spec, uint64_t seed);
+
+ private:
+  DeltaLMLayout net_;
+  DeltaLMCore<T, CpuOps<T>> core_{net_};
+  std::vector<int32_t> tokens_, labels_;
 };
 
 }  // namespace lrnn

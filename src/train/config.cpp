@@ -16,6 +16,10 @@ void TrainingConfig::describe(io::Schema& s) {
       .add("adam_eps", &adam_eps, "AdamW epsilon", 0.0, 1.0)
       .add("grad_clip", &grad_clip, "max global gradient norm (0 = no clipping)", 0.0, 1e12)
       .add("val_every", &val_every, "evaluate every N steps (0 = only at the end)", 0, 1e12)
+      .add("stop_at", &stop_at,
+           "stop early once a periodic evaluation (val_every) reaches this scaled accuracy on the eval lengths "
+           "(P2 stops at 0.99; 0 = never)",
+           0.0, 1.0)
       .add("checkpoint_every", &checkpoint_every, "resumable checkpoint every N steps (0 = only at the end)", 0, 1e12)
       .add("seed", &seed, "seed of initialisation and data", 0, 9.007e15)
       .add("device", &device, "where to train", {"cpu", "cuda"})

@@ -20,6 +20,7 @@ struct TrainingConfig {
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   double grad_clip = 0.0;          // global-norm clipping; 0 = off
   int64_t val_every = 0;           // evaluate every N steps (0: only at the end)
+  double stop_at = 0.0;            // stop once a periodic evaluation reaches this scaled accuracy (0: never)
   int64_t checkpoint_every = 1000; // write a resumable checkpoint every N steps (and at the end)
   int64_t seed = 0;
   std::string device = "cpu";

@@ -10,6 +10,8 @@
 #include "ops/adamw/adamw.h"
 #include "ops/linear/linear.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
+#include "train/engine.h"
 #include "train/schedule.h"
 
 namespace lrnn {
@@ -17,11 +19,9 @@ namespace lrnn {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-nlohmann::json evaluate_run(DataParallel& dp, const ExperimentConfig& cfg) {
+nlohmann::json evaluate_run(const LogitsFn& fn, int V, const ExperimentConfig& cfg) {
   auto task = create_task(cfg.task);
   const auto& t = cfg.task;
-  LogitsFn fn = [&](const Batch& b) { return dp.forward_logits(b).data(); };
-  const int V = dp.main().vocab_size();
   EvalResult test = evaluate(fn, V, *task, t.eval_len, t.eval_samples, t.eval_batch_size);
   // Training lengths get a smaller set: they show fitting, not extrapolation.
   EvalResult train = evaluate(fn, V, *task, t.train_len, std::max(1, t.eval_samples / 4), t.eval_batch_size);
@@ -85,12 +85,82 @@ struct Progress {
   }
 };
 
+// The CPU engine: data parallelism over cores (train/data_parallel.h), AdamW on the host.
+class CpuEngine final : public Engine {
+ public:
+  explicit CpuEngine(const ExperimentConfig& cfg)
+      : tc_(cfg.training), dp_(cfg.model, cfg.source, uint64_t(cfg.training.seed), cfg.training.num_threads) {
+    const size_t P = dp_.main().params.size();
+    decay_.assign(P, 0);
+    for (auto& e : dp_.main().layout().entries())
+      if (e.weight_decay) std::fill(decay_.begin() + e.offset, decay_.begin() + e.offset + e.numel, 1);
+  }
+  Model<float>& host_model() override { return dp_.main(); }
+  void start(const TrainState& st) override {
+    st_ = st;
+    dp_.sync_params();
+  }
+  void step(const Batch& b, int64_t, double lr) override {
+    Model<float>& model = dp_.main();
+    const size_t P = model.params.size();
+    loss_ = dp_.forward_backward(b);
+    norm_ = ops::global_norm(model.grads.data(), P);
+    lr_ = lr;
+    if (!std::isfinite(loss_) || !std::isfinite(norm_)) {
+      ++st_.skipped;  // the update is dropped; training goes on with the next batch
+      return;
+    }
+    if (tc_.grad_clip > 0) ops::clip_by_global_norm(model.grads.data(), P, norm_, tc_.grad_clip);
+    ops::AdamWParams ap{lr, tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay, ++st_.adam_step};
+    ops::adamw_update(model.params.data(), model.grads.data(), st_.m.data(), st_.v.data(), decay_.data(), P, ap);
+    dp_.sync_params();
+    loss_sum_ += loss_;
+    ++loss_n_;
+  }
+  EngineStats stats() override {
+    EngineStats s{loss_, loss_n_ ? loss_sum_ / double(loss_n_) : loss_, norm_, lr_, st_.skipped};
+    loss_sum_ = 0;
+    loss_n_ = 0;
+    return s;
+  }
+  void to_host(TrainState& st) override {
+    const int64_t step = st.step;
+    st = st_;
+    st.step = step;
+  }
+  LogitsFn logits_fn() override {
+    return [this](const Batch& b) { return dp_.forward_logits(b).data(); };
+  }
+  std::string describe() const override { return fmt::format("cpu, {} data-parallel workers", dp_.workers()); }
+
+ private:
+  const TrainingConfig& tc_;
+  DataParallel dp_;
+  std::vector<uint8_t> decay_;
+  TrainState st_;
+  double loss_ = 0, norm_ = 0, lr_ = 0, loss_sum_ = 0;
+  int64_t loss_n_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<Engine> make_engine(const ExperimentConfig& cfg) {
+  const auto& tc = cfg.training;
+  if (tc.device == "cuda") {
+#ifdef LRNN_WITH_CUDA
+    return make_cuda_engine(cfg);
+#else
+    LRNN_USER_ERROR("{}: training.device: 'cuda' is not available: this lrnn was built without CUDA "
+                    "(configure with -DLRNN_CUDA=ON, e.g. cmake --preset cuda)", cfg.source);
+#endif
+  }
+  if (tc.device != "cpu")
+    LRNN_USER_ERROR("{}: training.device: '{}' is not a device; use cpu or cuda", cfg.source, tc.device);
+  return std::make_unique<CpuEngine>(cfg);
+}
 
 TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   const auto& tc = cfg.training;
-  if (tc.device != "cpu")
-    LRNN_USER_ERROR("{}: training.device: '{}' is not available in this build (CPU only); use cpu", cfg.source, tc.device);
   if (tc.num_threads > 0) {
     // OpenBLAS's OpenMP build keeps its own thread count (one per core) and re-applies it to
     // OpenMP whenever it is set; pin both, or later parallel regions would use every core.
@@ -99,8 +169,8 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   }
   const fs::path dir = opt.out_dir;
   auto task = create_task(cfg.task);
-  DataParallel dp(cfg.model, cfg.source, uint64_t(tc.seed), tc.num_threads);
-  Model<float>* model = &dp.main();
+  std::unique_ptr<Engine> engine = make_engine(cfg);
+  Model<float>* model = &engine->host_model();
   const size_t P = model->params.size();
 
   TrainState st;
@@ -108,7 +178,6 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     if (!fs::exists(dir / "train_state.safetensors"))
       LRNN_USER_ERROR("{}: nothing to resume (no train_state.safetensors)", dir.string());
     st = load_train_state(dir, *model);
-    dp.sync_params();
     truncate_metrics(dir / "metrics.jsonl", st.step);
   } else {
     fs::create_directories(dir);
@@ -118,22 +187,26 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json"})
       std::remove((dir / f).c_str());
   }
+  engine->start(st);
   io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
-
-  std::vector<uint8_t> decay(P, 0);
-  for (auto& e : model->layout().entries())
-    if (e.weight_decay) std::fill(decay.begin() + e.offset, decay.begin() + e.offset + e.numel, 1);
 
   std::ofstream metrics(dir / "metrics.jsonl", std::ios::app);
   auto log = [&](const nlohmann::json& j) { metrics << j.dump() << "\n"; metrics.flush(); };
   Progress progress(cfg.logging.progress, tc.num_steps, opt.quiet);
+  progress.message(fmt::format("training on {}", engine->describe()));
   const int64_t first = st.step;
-  double loss = 0, loss_sum = 0;
-  int64_t loss_n = 0, tokens = 0;
+  bool stopped_early = false;
+  double loss = 0;
+  int64_t tokens = 0, skipped_logged = st.skipped;
   auto t0 = Clock::now(), tlog = t0;
   auto checkpoint = [&] {
+    engine->to_host(st);
     save_model(dir, *model);
     save_train_state(dir, *model, st);
+  };
+  auto eval_now = [&] {
+    engine->to_host(st);
+    return evaluate_run(engine->logits_fn(), model->vocab_size(), cfg);
   };
 
   // Fault injection for tests: die by SIGKILL right after this step (checkpoints are atomic, so
@@ -144,39 +217,37 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   while (st.step < tc.num_steps) {
     const int64_t step = st.step;
     Batch b = task->train_batch(uint64_t(tc.seed), step, tc.batch_size, cfg.task.train_len);
-    loss = dp.forward_backward(b);
-    double norm = ops::global_norm(model->grads.data(), P);
-    double lr = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      ++st.skipped;  // the update is dropped; training goes on with the next batch
-      log({{"type", "skip"}, {"step", step + 1}, {"loss", std::isfinite(loss) ? loss : -1.0},
-           {"skipped", st.skipped}});
-    } else {
-      if (tc.grad_clip > 0) ops::clip_by_global_norm(model->grads.data(), P, norm, tc.grad_clip);
-      ops::AdamWParams ap{lr, tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay, ++st.adam_step};
-      ops::adamw_update(model->params.data(), model->grads.data(), st.m.data(), st.v.data(), decay.data(), P, ap);
-      dp.sync_params();
-      loss_sum += loss;
-      ++loss_n;
-    }
+    const double lr = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
+    engine->step(b, step, lr);
     tokens += int64_t(b.B) * b.T;
     st.step = step + 1;
     bool log_now = st.step % cfg.logging.log_every == 0 || st.step == tc.num_steps;
     if (log_now) {
+      EngineStats es = engine->stats();
+      loss = es.loss;
+      // Steps skipped since the last line (their update was dropped), then the regular line.
+      for (int64_t k = skipped_logged; k < es.skipped; ++k)
+        log({{"type", "skip"}, {"step", st.step}, {"skipped", k + 1}});
+      skipped_logged = es.skipped;
       auto now = Clock::now();
       double dt = std::chrono::duration<double>(now - tlog).count();
-      log({{"type", "train"}, {"step", st.step}, {"loss", loss}, {"loss_avg", loss_n ? loss_sum / loss_n : loss},
-           {"lr", lr}, {"grad_norm", norm}, {"skipped", st.skipped}, {"tokens_per_s", tokens / std::max(dt, 1e-9)},
+      log({{"type", "train"}, {"step", st.step}, {"loss", es.loss}, {"loss_avg", es.loss_avg},
+           {"lr", es.lr}, {"grad_norm", es.grad_norm}, {"skipped", es.skipped}, {"tokens_per_s", tokens / std::max(dt, 1e-9)},
            {"elapsed_s", std::chrono::duration<double>(now - t0).count()}});
-      loss_sum = 0; loss_n = 0; tokens = 0; tlog = now;
+      tokens = 0; tlog = now;
     }
     progress.update(st.step, first, loss, lr, log_now);
     if (tc.val_every > 0 && st.step % tc.val_every == 0 && st.step < tc.num_steps) {
-      auto e = evaluate_run(dp, cfg);
+      auto e = eval_now();
       log({{"type", "eval"}, {"step", st.step}, {"accuracy", e["accuracy"]}, {"scaled_accuracy", e["scaled_accuracy"]},
            {"train_scaled_accuracy", e["train_range"]["scaled_accuracy"]}});
       progress.message(fmt::format("eval at step {}: scaled accuracy {:.3f} on lengths {}-{}", st.step,
                                    double(e["scaled_accuracy"]), cfg.task.eval_len[0], cfg.task.eval_len[1]));
+      if (tc.stop_at > 0 && double(e["scaled_accuracy"]) >= tc.stop_at) {
+        progress.message(fmt::format("stopping early: scaled accuracy reached training.stop_at = {}", tc.stop_at));
+        stopped_early = true;
+        break;
+      }
     }
     if (tc.checkpoint_every > 0 && st.step % tc.checkpoint_every == 0 && st.step < tc.num_steps) checkpoint();
     if (st.step == kill_after) std::raise(SIGKILL);
@@ -185,10 +256,12 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   TrainSummary sum;
   sum.steps = st.step;
   sum.skipped = st.skipped;
+  sum.stopped_early = stopped_early;
   sum.final_loss = loss;
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  sum.eval = evaluate_run(dp, cfg);
+  sum.eval = eval_now();
   sum.eval["step"] = st.step;
+  sum.eval["stopped_early"] = stopped_early;
   log({{"type", "eval"}, {"step", st.step}, {"accuracy", sum.eval["accuracy"]},
        {"scaled_accuracy", sum.eval["scaled_accuracy"]}, {"train_scaled_accuracy", sum.eval["train_range"]["scaled_accuracy"]}});
   io::write_file_atomic(dir / "eval.json", sum.eval.dump(2) + "\n");

@@ -18,12 +18,14 @@ struct TrainOptions {
 struct TrainSummary {
   int64_t steps = 0, skipped = 0;
   double final_loss = 0, seconds = 0;
+  bool stopped_early = false;  // training.stop_at was reached
   nlohmann::json eval;  // what eval.json holds
 };
 
 TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt);
 
 // Evaluation on the config's eval lengths and on its training lengths; the object of eval.json.
-nlohmann::json evaluate_run(DataParallel& dp, const ExperimentConfig& cfg);
+// `logits` runs the model (vocabulary size V) on a batch.
+nlohmann::json evaluate_run(const LogitsFn& logits, int V, const ExperimentConfig& cfg);
 
 }  // namespace lrnn

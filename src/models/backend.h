@@ -1,0 +1,79 @@
+// The ops a model's forward and backward call, per backend. A model's network code is written
+// once against `Ops::name(...)` and instantiated with CpuOps<T> (the reference ops, float or
+// double) or CudaOps (the CUDA ops, float, device memory, all launched on one stream). Each
+// backend also names its activation arena.
+#pragma once
+#include <limits>
+#include <utility>
+#include "core/arena.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "ops/delta_rule/delta_rule.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/forget_gate/forget_gate.h"
+#include "ops/gated_rmsnorm/gated_rmsnorm.h"
+#include "ops/l2norm/l2norm.h"
+#include "ops/linear/linear.h"
+#include "ops/rmsnorm/rmsnorm.h"
+#include "ops/short_conv/short_conv.h"
+#include "ops/swiglu/swiglu.h"
+#ifdef LRNN_WITH_CUDA
+#include "cuda/arena.h"
+#include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/delta_rule/delta_rule_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/forget_gate/forget_gate_cuda.h"
+#include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
+#include "ops/l2norm/l2norm_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/rmsnorm/rmsnorm_cuda.h"
+#include "ops/short_conv/short_conv_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
+#endif
+
+namespace lrnn {
+
+// The ops with the same contract on both backends.
+#define LRNN_MODEL_OPS(X)                                                                           \
+  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward) \
+  X(linear_backward) X(short_conv_forward) X(short_conv_backward) X(l2norm_forward) X(l2norm_backward) \
+  X(forget_gate_forward) X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward)   \
+  X(delta_rule_forward) X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward)                   \
+  X(cross_entropy_backward) X(add_inplace) X(zero)
+
+template <class T>
+struct CpuOps {
+  static constexpr bool kDevice = false;
+  using Arena = lrnn::Arena;
+#define LRNN_CPU_OP(name) \
+  template <class... A>   \
+  static decltype(auto) name(A&&... a) { return ops::name<T>(std::forward<A>(a)...); }
+  LRNN_MODEL_OPS(LRNN_CPU_OP)
+#undef LRNN_CPU_OP
+  // Mean loss over counted labels, returned to the host (and kept in *loss).
+  static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
+    double l = ops::cross_entropy_forward<T>(nullptr, logits, labels, N, V);
+    *loss = T(l);
+    return l;
+  }
+};
+
+#ifdef LRNN_WITH_CUDA
+struct CudaOps {
+  static constexpr bool kDevice = true;
+  using Arena = cuda::DeviceArena;
+#define LRNN_CUDA_OP(name) \
+  template <class... A>    \
+  static decltype(auto) name(A&&... a) { return ops::cuda::name(std::forward<A>(a)...); }
+  LRNN_MODEL_OPS(LRNN_CUDA_OP)
+#undef LRNN_CUDA_OP
+  // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
+  static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {
+    ops::cuda::cross_entropy_loss(loss, nullptr, logits, labels, N, V);
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+};
+#endif
+
+}  // namespace lrnn

@@ -1,0 +1,39 @@
+#include "ops/elementwise/elementwise_cuda.h"
+#include "cuda/runtime.h"
+
+namespace lrnn::ops::cuda {
+
+namespace {
+__global__ void add_kernel(float4* y, const float4* x, size_t n4) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    float4 a = y[i], b = x[i];
+    y[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+  }
+}
+__global__ void add_tail(float* y, const float* x, size_t from, size_t n) {
+  size_t i = from + size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+}  // namespace
+
+void add_inplace(float* y, const float* x, size_t n) {
+  if (!n) return;
+  const bool aligned = (reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
+  size_t n4 = aligned ? n / 4 : 0;
+  if (n4) {
+    unsigned blocks = unsigned(std::min<size_t>(lrnn::cuda::blocks_for(n4, 256), 4096));
+    add_kernel<<<blocks, 256, 0, lrnn::cuda::stream()>>>(reinterpret_cast<float4*>(y),
+                                                          reinterpret_cast<const float4*>(x), n4);
+    LRNN_CUDA_LAUNCH_CHECK();
+  }
+  if (n4 * 4 < n) {
+    add_tail<<<lrnn::cuda::blocks_for(n - n4 * 4, 256), 256, 0, lrnn::cuda::stream()>>>(y, x, n4 * 4, n);
+    LRNN_CUDA_LAUNCH_CHECK();
+  }
+}
+
+void zero(float* p, size_t n) {
+  if (n) LRNN_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), lrnn::cuda::stream()));
+}
+
+}  // namespace lrnn::ops::cuda

@@ -1,0 +1,221 @@
+// The CUDA engine: the whole optimizer step on one device with no host synchronisation.
+//
+// Per step the host generates the batch (tasks are CPU code: Philox, cheap) into a pinned
+// staging slot, queues its copy to fixed device buffers, then launches the step: zero grads,
+// forward, backward, global norm + finite check + clip factor + learning rate (from a table
+// indexed by a device-side step counter), AdamW. The step is captured once per (batch, length)
+// shape as a CUDA graph and replayed, so a step costs one graph launch instead of ~100 kernel
+// launches. The host runs ahead of the device by up to two steps (two staging slots), which hides
+// the batch generation behind the device's work. Loss and gradient norm are read back only when
+// the loop logs (stats()).
+//
+// LRNN_CUDA_GRAPHS=0 launches the kernels one by one instead (for debugging and measurement);
+// LRNN_CUDA_TF32=0 runs the matrix products in full fp32 instead of TF32 tensor cores.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include "core/check.h"
+#include "cuda/runtime.h"
+#include "models/device_model.h"
+#include "ops/adamw/adamw_cuda.h"
+#include "train/engine.h"
+#include "train/schedule.h"
+
+namespace lrnn {
+
+namespace {
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
+}
+
+// Page-locked host memory (async copies from it need no staging by the driver).
+template <class T>
+struct Pinned {
+  T* p = nullptr;
+  size_t n = 0;
+  void resize(size_t m) {
+    if (m <= n) return;
+    if (p) cudaFreeHost(p);
+    LRNN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), m * sizeof(T)));
+    n = m;
+  }
+  ~Pinned() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+class CudaEngine final : public Engine {
+ public:
+  explicit CudaEngine(const ExperimentConfig& cfg) : cfg_(cfg), tc_(cfg.training) {
+    if (!cuda::available())
+      LRNN_USER_ERROR("{}: training.device: cuda, but no CUDA device is available here (use --device cpu or training.device: cpu)", cfg.source);
+    host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
+    model_type_ = cfg.model["model_type"].as<std::string>();
+    use_graphs_ = !env_off("LRNN_CUDA_GRAPHS");
+    cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") ? cuda::GemmPrecision::FP32 : cuda::GemmPrecision::TF32);
+    for (auto& e : events_) LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  ~CudaEngine() override {
+    for (auto& [shape, g] : graphs_) cudaGraphExecDestroy(g);
+    for (auto& e : events_) cudaEventDestroy(e);
+  }
+
+  Model<float>& host_model() override { return *host_; }
+
+  void start(const TrainState& st) override {
+    dev_ = to_device(*host_, model_type_);  // uploads the (fresh or resumed) parameters
+    const size_t P = host_->params.size();
+    LRNN_CHECK(st.m.size() == P && st.v.size() == P, "optimizer state has {} / {} entries for {} parameters",
+               st.m.size(), st.v.size(), P);
+    m_.upload(st.m);
+    v_.upload(st.v);
+    std::vector<uint8_t> decay(P, 0);
+    for (auto& e : host_->layout().entries())
+      if (e.weight_decay) std::fill(decay.begin() + e.offset, decay.begin() + e.offset + e.numel, 1);
+    decay_.upload(decay);
+    std::vector<float> lr(std::max<int64_t>(tc_.num_steps, 1));
+    for (int64_t s = 0; s < int64_t(lr.size()); ++s)
+      lr[s] = float(lr_at(s, tc_.num_steps, tc_.warmup_steps, tc_.lr, tc_.min_lr));
+    lr_table_.upload(lr);
+    ops::cuda::StepStats s{};
+    s.step = st.step;
+    s.adam_step = st.adam_step;
+    s.skipped = st.skipped;
+    stats_.upload(&s, 1);
+  }
+
+  void step(const Batch& b, int64_t step, double) override {
+    const size_t n = size_t(b.B) * b.T;
+    if (n > tokens_.size()) {  // grow the fixed input buffers (rare: graphs over the old ones go)
+      cuda::synchronize();
+      tokens_.resize(n);
+      labels_.resize(n);
+      for (auto& s : staging_) s.resize(2 * n);
+      drop_graphs();
+    }
+    // Stage the batch: wait until this slot's previous copy has left, fill it, queue the copy.
+    const int slot = int(step & 1);
+    LRNN_CUDA_CHECK(cudaEventSynchronize(events_[slot]));
+    int32_t* pin = staging_[slot].p;
+    std::memcpy(pin, b.tokens.data(), n * sizeof(int32_t));
+    std::memcpy(pin + n, b.labels.data(), n * sizeof(int32_t));
+    LRNN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), pin, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
+    LRNN_CUDA_CHECK(
+        cudaMemcpyAsync(labels_.data(), pin + n, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
+    LRNN_CUDA_CHECK(cudaEventRecord(events_[slot], cuda::stream()));
+
+    const int gen = dev_->generation();
+    dev_->reserve(b.B, b.T);  // outside any capture: buffers grow here, never inside a graph
+    if (dev_->generation() != gen) drop_graphs();
+    if (!use_graphs_) {
+      run_step(b.B, b.T);
+      return;
+    }
+    auto key = std::make_pair(b.B, b.T);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) it = graphs_.emplace(key, capture(b.B, b.T)).first;
+    LRNN_CUDA_CHECK(cudaGraphLaunch(it->second, cuda::stream()));
+  }
+
+  EngineStats stats() override {
+    ops::cuda::StepStats s = read_stats();
+    EngineStats e{s.loss, s.loss_n ? s.loss_sum / double(s.loss_n) : s.loss, s.norm, s.lr, s.skipped};
+    s.loss_sum = 0;
+    s.loss_n = 0;
+    stats_.upload(&s, 1);  // nothing is in flight (read_stats synchronised)
+    return e;
+  }
+
+  void to_host(TrainState& st) override {
+    ops::cuda::StepStats s = read_stats();
+    host_->params = dev_->params.download();
+    st.m = m_.download();
+    st.v = v_.download();
+    st.adam_step = s.adam_step;
+    st.skipped = s.skipped;
+  }
+
+  LogitsFn logits_fn() override {
+    return [this](const Batch& b) -> const float* {
+      eval_tokens_.upload(b.tokens);
+      dev_->infer(eval_tokens_.data(), b.B, b.T);
+      logits_.resize(size_t(b.B) * b.T * dev_->vocab_size());
+      LRNN_CUDA_CHECK(cudaMemcpyAsync(logits_.data(), dev_->infer_logits(), logits_.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost, cuda::stream()));
+      cuda::synchronize();
+      return logits_.data();
+    };
+  }
+
+  std::string describe() const override {
+    return fmt::format("cuda ({}; {} GEMMs{})", cuda::device_name(),
+                       cuda::gemm_precision() == cuda::GemmPrecision::TF32 ? "TF32" : "fp32",
+                       use_graphs_ ? ", CUDA graphs" : "");
+  }
+
+ private:
+  // Everything one step launches, in order (what a graph captures).
+  void run_step(int B, int T_) {
+    const size_t P = host_->params.size();
+    dev_->grads.zero();
+    dev_->forward(tokens_.data(), labels_.data(), B, T_);
+    dev_->backward();
+    ops::cuda::optimizer_prepare(stats_.data(), dev_->loss(), dev_->grads.data(), P, lr_table_.data(),
+                                 int64_t(lr_table_.size()), tc_.grad_clip);
+    ops::cuda::adamw_update(dev_->params.data(), dev_->grads.data(), m_.data(), v_.data(), decay_.data(), P,
+                            stats_.data(), tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay);
+  }
+
+  cudaGraphExec_t capture(int B, int T_) {
+    cudaGraph_t g = nullptr;
+    LRNN_CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal));
+    try {
+      run_step(B, T_);
+    } catch (...) {
+      cudaStreamEndCapture(cuda::stream(), &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    LRNN_CUDA_CHECK(cudaStreamEndCapture(cuda::stream(), &g));
+    cudaGraphExec_t exec = nullptr;
+    LRNN_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    return exec;
+  }
+
+  void drop_graphs() {
+    cuda::synchronize();
+    for (auto& [shape, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+  }
+
+  ops::cuda::StepStats read_stats() {
+    ops::cuda::StepStats s{};
+    LRNN_CUDA_CHECK(cudaMemcpyAsync(&s, stats_.data(), sizeof s, cudaMemcpyDeviceToHost, cuda::stream()));
+    cuda::synchronize();
+    return s;
+  }
+
+  const ExperimentConfig& cfg_;
+  const TrainingConfig& tc_;
+  std::unique_ptr<Model<float>> host_;
+  std::string model_type_;
+  std::unique_ptr<DeviceModel> dev_;
+  cuda::Buffer<float> m_, v_, lr_table_;
+  cuda::Buffer<uint8_t> decay_;
+  cuda::Buffer<ops::cuda::StepStats> stats_;
+  cuda::Buffer<int32_t> tokens_, labels_, eval_tokens_;
+  Pinned<int32_t> staging_[2];
+  cudaEvent_t events_[2]{};
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;
+  bool use_graphs_ = true;
+  std::vector<float> logits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cuda_engine(const ExperimentConfig& cfg) { return std::make_unique<CudaEngine>(cfg); }
+
+}  // namespace lrnn
