@@ -1,0 +1,217 @@
+// CUDA softmax cross-entropy with ignore index (contract: cross_entropy_cuda.h).
+//
+// Rows are short (V = 3..64 in the models): a group of G = 4, 8, 16 or 32 lanes (the smallest
+// power of two >= V, at most a warp) handles one row, so a warp covers 32 / G rows at once.
+// Nothing is allocated and nothing waits for the host; the reductions go through
+// lrnn::cuda::scratch() in a fixed order (deterministic):
+//   loss:     rows kernel -> per-block (sum, count) partials -> one-block finalize kernel;
+//   backward: count kernel -> per-block label counts; each dlogits block adds those up itself.
+// A label >= V cannot be reported from the device: its row loss is NaN (and counts), so the
+// mean shows it; the backward then treats the row like the CPU version (no one-hot term).
+#include "ops/cross_entropy/cross_entropy_cuda.h"
+#include <cmath>
+#include "cuda/runtime.h"
+
+namespace lrnn::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxRowBlocks = 1024;  // partials of the loss kernel (grid-stride beyond)
+constexpr int kMaxCountBlocks = 256;
+
+template <int G>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// logsumexp of row x[0..V) over a group of G lanes (li = lane in group); every lane gets it.
+template <int G>
+__device__ __forceinline__ float row_lse(const float* x, int V, int li, bool valid) {
+  float m = -INFINITY;
+  if (valid)
+    for (int v = li; v < V; v += G) m = fmaxf(m, x[v]);
+  m = group_max<G>(m);
+  float s = 0.f;
+  if (valid)
+    for (int v = li; v < V; v += G) s += expf(x[v] - m);
+  s = group_sum<G>(s);
+  return m + logf(s);
+}
+
+// Sum over the block (kThreads threads) of a float and an int, in a fixed order; result in thread 0.
+__device__ __forceinline__ void block_sum(float& f, int& n) {
+  __shared__ float sf[kWarps];
+  __shared__ int sn[kWarps];
+  f = group_sum<32>(f);
+  n = warp_sum_int(n);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sf[warp] = f, sn[warp] = n;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    f = 0.f;
+    n = 0;
+    for (int k = 0; k < kWarps; ++k) f += sf[k], n += sn[k];
+  }
+}
+
+// Row losses; per-block partial sums of the counted losses and their number.
+template <int G>
+__global__ void __launch_bounds__(kThreads) ce_loss_rows_kernel(float* __restrict__ losses,
+                                                                float* __restrict__ psum, int* __restrict__ pcnt,
+                                                                const float* __restrict__ logits,
+                                                                const int32_t* __restrict__ labels, int N, int V) {
+  constexpr int kRows = kThreads / G;  // rows per block per pass
+  const int li = threadIdx.x % G;
+  float acc = 0.f;
+  int cnt = 0;
+  // The loop bound is uniform over the block, so every lane reaches every shuffle.
+  for (long long base = (long long)blockIdx.x * kRows; base < N; base += (long long)gridDim.x * kRows) {
+    const long long row = base + threadIdx.x / G;
+    const bool valid = row < N;
+    const float* x = logits + (valid ? row : 0) * (long long)V;
+    const float lse = row_lse<G>(x, V, li, valid);
+    if (valid && li == 0) {
+      const int lab = labels[row];
+      float l = 0.f;
+      if (lab >= 0) {
+        l = lab < V ? lse - x[lab] : NAN;
+        acc += l;
+        ++cnt;
+      }
+      if (losses) losses[row] = l;
+    }
+  }
+  block_sum(acc, cnt);
+  if (threadIdx.x == 0) {
+    psum[blockIdx.x] = acc;
+    pcnt[blockIdx.x] = cnt;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) ce_loss_finalize_kernel(float* __restrict__ loss,
+                                                                    const float* __restrict__ psum,
+                                                                    const int* __restrict__ pcnt, int nparts) {
+  float s = 0.f;
+  int n = 0;
+  for (int i = threadIdx.x; i < nparts; i += kThreads) s += psum[i], n += pcnt[i];
+  block_sum(s, n);
+  if (threadIdx.x == 0) loss[0] = n ? s / float(n) : 0.f;
+}
+
+__global__ void __launch_bounds__(kThreads) ce_count_kernel(int* __restrict__ pcnt,
+                                                            const int32_t* __restrict__ labels, int N) {
+  int n = 0;
+  for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < N; i += (long long)gridDim.x * kThreads)
+    n += labels[i] >= 0;
+  float unused = 0.f;
+  block_sum(unused, n);
+  if (threadIdx.x == 0) pcnt[blockIdx.x] = n;
+}
+
+template <int G>
+__global__ void __launch_bounds__(kThreads) ce_backward_kernel(float* __restrict__ dlogits,
+                                                               const float* __restrict__ logits,
+                                                               const int32_t* __restrict__ labels, int N, int V,
+                                                               double dloss, const int* __restrict__ pcnt,
+                                                               int nparts) {
+  constexpr int kRows = kThreads / G;
+  __shared__ float s_scale;
+  if (threadIdx.x < 32) {
+    int n = 0;
+    for (int i = threadIdx.x; i < nparts; i += 32) n += pcnt[i];
+    n = warp_sum_int(n);
+    if (threadIdx.x == 0) s_scale = n ? float(dloss / double(n)) : 0.f;
+  }
+  __syncthreads();
+  const float scale = s_scale;
+  const int li = threadIdx.x % G;
+  for (long long base = (long long)blockIdx.x * kRows; base < N; base += (long long)gridDim.x * kRows) {
+    const long long row = base + threadIdx.x / G;
+    const bool valid = row < N;
+    const int lab = valid ? labels[row] : -1;
+    const float* x = logits + (valid ? row : 0) * (long long)V;
+    // Ignored and out-of-range rows still take part in the (group-uniform) shuffles.
+    const float lse = row_lse<G>(x, V, li, valid && lab >= 0);
+    if (!valid) continue;
+    float* d = dlogits + row * (long long)V;
+    if (lab < 0) {
+      for (int v = li; v < V; v += G) d[v] = 0.f;
+    } else {
+      for (int v = li; v < V; v += G) d[v] = scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f));
+    }
+  }
+}
+
+template <int G>
+void launch_loss(float* losses, float* psum, int* pcnt, const float* logits, const int32_t* labels, int N, int V,
+                 int blocks) {
+  ce_loss_rows_kernel<G><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits, labels, N, V);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+template <int G>
+void launch_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss,
+                     const int* pcnt, int nparts) {
+  constexpr int kRows = kThreads / G;
+  unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kRows);
+  if (blocks > unsigned(kMaxRowBlocks)) blocks = kMaxRowBlocks;
+  ce_backward_kernel<G><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N, V, dloss, pcnt,
+                                                                        nparts);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+int group_for(int V) { return V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : 32; }
+
+}  // namespace
+
+void cross_entropy_loss(float* loss, float* losses, const float* logits, const int32_t* labels, int N, int V) {
+  auto* psum = static_cast<float*>(::lrnn::cuda::scratch(kMaxRowBlocks * (sizeof(float) + sizeof(int))));
+  int* pcnt = reinterpret_cast<int*>(psum + kMaxRowBlocks);
+  int blocks = 0;
+  if (N > 0 && V > 0) {
+    const int G = group_for(V);
+    const size_t rows_per_block = kThreads / G;
+    blocks = int(::lrnn::cuda::blocks_for(size_t(N), unsigned(rows_per_block)));
+    if (blocks > kMaxRowBlocks) blocks = kMaxRowBlocks;
+    switch (G) {
+      case 4: launch_loss<4>(losses, psum, pcnt, logits, labels, N, V, blocks); break;
+      case 8: launch_loss<8>(losses, psum, pcnt, logits, labels, N, V, blocks); break;
+      case 16: launch_loss<16>(losses, psum, pcnt, logits, labels, N, V, blocks); break;
+      default: launch_loss<32>(losses, psum, pcnt, logits, labels, N, V, blocks); break;
+    }
+  }
+  // With no rows this writes loss[0] = 0.
+  ce_loss_finalize_kernel<<<1, kThreads, 0, ::lrnn::cuda::stream()>>>(loss, psum, pcnt, blocks);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss) {
+  if (N <= 0 || V <= 0) return;
+  int* pcnt = static_cast<int*>(::lrnn::cuda::scratch(kMaxCountBlocks * sizeof(int)));
+  unsigned cblocks = ::lrnn::cuda::blocks_for(size_t(N), kThreads);
+  if (cblocks > unsigned(kMaxCountBlocks)) cblocks = kMaxCountBlocks;
+  ce_count_kernel<<<cblocks, kThreads, 0, ::lrnn::cuda::stream()>>>(pcnt, labels, N);
+  LRNN_CUDA_LAUNCH_CHECK();
+  switch (group_for(V)) {
+    case 4: launch_backward<4>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
+    case 8: launch_backward<8>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
+    case 16: launch_backward<16>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
+    default: launch_backward<32>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
+  }
+}
+
+}  // namespace lrnn::ops::cuda

@@ -1,0 +1,738 @@
+// CUDA (gated) delta rule with n_h Householder sub-steps: the contract of delta_rule_cuda.h, the
+// math of delta_rule_cpu.cpp (the reference; see delta_rule.h for the recurrence and layouts).
+//
+// Parallel decomposition (forward and backward alike)
+// ----------------------------------------------------
+// The state S [Dk,Dv] of one (b,h) evolves column by column independently: column c only needs
+// S[:,c], k, v[c] and beta (u_c = v_c - S[:,c].k ; S[:,c] += beta u_c k), and so does the state
+// gradient dS[:,c] in the backward. So
+//   * grid.x = B*H sequences, grid.y = tiles of `cols` state columns; a block is 1..4 warps;
+//   * in a warp, RG consecutive lanes share one "column group" of NC columns and split its
+//     DKP rows (lane rg holds rows rg, rg+RG, rg+2RG, ...): each thread keeps an NR x NC slice
+//     of S (and of dS) in registers, NR = DKP/RG;
+//   * the only reduction the recurrence itself needs is over rows (S^T k, S^T q, dS^T k): a
+//     butterfly of log2(RG) __shfl_xor over the lanes of a column group, which leaves the sum
+//     in every one of them, so all RG lanes update their rows with the same u (bitwise).
+// DKP is Dk rounded up to 16/32/64/128 (the one compile-time switch); rows >= Dk and columns
+// >= Dv are zero-padded in shared memory and so stay exactly zero in S and dS.
+// Per chunk of C = kDeltaChunk tokens the block stages k, q, v, beta logits, g (and dout) in
+// shared memory with cp.async, double-buffered (the next chunk loads while this one computes).
+//
+// Backward
+// --------
+// Chunks in reverse. For chunk [t0, t1), from its start state (the forward's checkpoint):
+//   pass A (forward over the chunk): redo every sub-step, keeping u = v - S^T k of each in
+//     shared memory, and dq_t = scale * S_t dout_t (S after token t). With a forget gate, the
+//     state before every G-th token is kept too (shared memory).
+//   reverse (t = t1-1 .. t0), with S = the state after token t and dS = dL/dS after token t:
+//     dS += scale q_t dout_t^T
+//     for j = n_h-1 .. 0:   (as the CPU: S_prev is the state before sub-step j)
+//       S_prev = S - beta k u^T          (exact inverse of the forward update, same k, beta, u)
+//       w = dS^T k ; du = beta w ; dbeta += w.u ; dk += beta dS u - S_prev du
+//       dS -= k du^T ; dv += du ; S = S_prev
+//     with a gate a = exp(g_t):  dg_t += sum(dS * S) (S = a S_before: a sum(dS S_before)) ; dS *= a
+//   Undoing the gate would divide by a (down to e^-20), so with a gate the state after token
+//   t-1 is instead rebuilt from the nearest kept state with the stored u (rank-1 updates only,
+//   no reductions). Without a gate S simply runs backwards through the whole chunk: inverting
+//   a sub-step only subtracts what the forward added, so rounding errors add up (a few ulps
+//   over a chunk) and never grow.
+// dv is column-local. dk, dq, dbeta and dg sum over columns: each warp reduces its columns
+// with shuffles into its own shared-memory slots, the block adds its warps in a fixed order at
+// the chunk's end and adds the result to global memory (plain += when one block covers all of
+// Dv, so the result is deterministic; atomicAdd when the columns are split over blocks).
+#include "ops/delta_rule/delta_rule_cuda.h"
+#include <algorithm>
+#include <cuda_pipeline.h>
+#include "cuda/runtime.h"
+
+// Argument checks (core/check.h's fmt does not go through nvcc): throws lrnn::Error naming the
+// condition and the place.
+#define LRNN_DELTA_REQUIRE(cond)                                                                    \
+  do {                                                                                              \
+    if (!(cond)) ::lrnn::cuda::fail(cudaErrorInvalidValue, "CUDA delta rule: " #cond, __FILE__, __LINE__); \
+  } while (0)
+
+namespace lrnn::ops::cuda {
+namespace {
+
+constexpr int kC = kDeltaChunk;  // tokens per chunk (= checkpoint interval)
+constexpr int kG = 4;            // backward with a gate: keep the state before every kG-th token
+constexpr int kMaxWarps = 4;
+constexpr unsigned kFull = 0xffffffffu;
+static_assert(kC % kG == 0, "kG must divide the chunk");
+
+// Thread layout for a padded key dim DKP (see the header comment).
+template <int DKP>
+struct Layout {
+  static constexpr int RG = DKP == 16 ? 4 : 8;  // lanes per column group (split the rows)
+  static constexpr int NR = DKP / RG;            // rows per thread
+  static constexpr int NC = 2;                   // columns per thread
+  static constexpr int CGW = 32 / RG;            // column groups per warp
+  static constexpr int CPW = CGW * NC;           // columns per warp
+};
+
+struct Args {
+  const float *q, *k, *v, *bl, *g, *dout;
+  const float* ckpt_in;                  // backward: chunk-start states
+  float *o, *ckpt_out;                   // forward (either may be null)
+  float *dq, *dk, *dv, *dbl, *dg;        // backward (dg null without a gate)
+  long long lq, lk, lv, lb;              // token strides
+  int T, H, Dk, Dv, nh, nchunks;
+  int cols;                              // state columns per block (= warps * CPW)
+  int nbuf;                              // staging buffers: 2 (double-buffered) or 1
+  float bscale, scale;
+};
+
+// Shared-memory layout of one block, in floats.
+struct Smem {
+  int stage;                       // one staging buffer: k | q | v | bl | g | dout
+  int k, q, v, bl, g, dout;        // offsets inside a staging buffer
+  int coef;                        // beta[C*nh] | dbeta factor[C*nh] | a = exp(g)[C]
+  int u, dvs, st, dkw, dqw, dbw, dgw, total;  // backward only
+};
+
+__host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf, int nwarps, bool bwd, bool gate) {
+  Smem s{};
+  int o = 0;
+  s.k = o; o += kC * nh * DKP;
+  s.q = o; o += kC * DKP;
+  s.v = o; o += kC * nh * cols;
+  s.bl = o; o += kC * nh;
+  s.g = o; o += kC;
+  s.dout = o; o += bwd ? kC * cols : 0;
+  s.stage = o;
+  o = nbuf * s.stage;
+  s.coef = o; o += kC * (2 * nh + 1);
+  if (bwd) {
+    s.u = o; o += kC * nh * cols;
+    s.dvs = o; o += kC * nh * cols;
+    s.st = o; o += gate ? (kC / kG) * DKP * cols : 0;
+    s.dkw = o; o += nwarps * kC * nh * DKP;
+    s.dqw = o; o += nwarps * kC * DKP;
+    s.dbw = o; o += nwarps * kC * nh;
+    s.dgw = o; o += nwarps * kC;
+  }
+  s.total = o;
+  return s;
+}
+
+// The (b,h) sequence's operands, offset to token 0 of batch b and head h.
+struct Seq {
+  const float *q, *k, *v, *bl, *g, *dout;
+  __device__ Seq(const Args& a, int b, int h) {
+    const size_t tok = size_t(b) * a.T;
+    q = a.q + tok * a.lq + size_t(h) * a.Dk;
+    k = a.k + tok * a.lk + size_t(h) * a.Dk;
+    v = a.v + tok * a.lv + size_t(h) * a.Dv;
+    bl = a.bl + tok * a.lb + h;
+    g = a.g ? a.g + tok * a.H + h : nullptr;
+    dout = a.dout ? a.dout + (tok * a.H + h) * a.Dv : nullptr;
+  }
+};
+
+__device__ __forceinline__ void cp4(float* dst, const float* src) { __pipeline_memcpy_async(dst, src, sizeof(float)); }
+
+// Issues the asynchronous loads of chunk `ci` into staging buffer `buf` (padding written as 0).
+template <int DKP>
+__device__ void stage_chunk(float* buf, const Smem& L, const Args& a, const Seq& s, int ci, int c0) {
+  const int tid = threadIdx.x, NT = blockDim.x, nh = a.nh, cols = a.cols, H = a.H;
+  const int t0 = ci * kC, nt = min(kC, a.T - t0);
+  float* kS = buf + L.k;
+  for (int x = tid; x < nt * nh * DKP; x += NT) {
+    const int i = x % DKP, tj = x / DKP, j = tj % nh, t = t0 + tj / nh;
+    if (i < a.Dk) cp4(kS + x, s.k + t * a.lk + size_t(j) * H * a.Dk + i);
+    else kS[x] = 0.f;
+  }
+  float* qS = buf + L.q;
+  for (int x = tid; x < nt * DKP; x += NT) {
+    const int i = x % DKP, t = t0 + x / DKP;
+    if (i < a.Dk) cp4(qS + x, s.q + t * a.lq + i);
+    else qS[x] = 0.f;
+  }
+  float* vS = buf + L.v;
+  for (int x = tid; x < nt * nh * cols; x += NT) {
+    const int col = c0 + x % cols, tj = x / cols, j = tj % nh, t = t0 + tj / nh;
+    if (col < a.Dv) cp4(vS + x, s.v + t * a.lv + size_t(j) * H * a.Dv + col);
+    else vS[x] = 0.f;
+  }
+  float* bS = buf + L.bl;
+  for (int x = tid; x < nt * nh; x += NT) {
+    const int j = x % nh, t = t0 + x / nh;
+    cp4(bS + x, s.bl + t * a.lb + size_t(j) * H);
+  }
+  if (s.g)
+    for (int x = tid; x < nt; x += NT) cp4(buf + L.g + x, s.g + size_t(t0 + x) * H);
+  if (s.dout) {
+    float* dS = buf + L.dout;
+    for (int x = tid; x < nt * cols; x += NT) {
+      const int col = c0 + x % cols, t = t0 + x / cols;
+      if (col < a.Dv) cp4(dS + x, s.dout + size_t(t) * H * a.Dv + col);
+      else dS[x] = 0.f;
+    }
+  }
+}
+
+// Waits for chunk `it` (in processing order) and starts loading the one after it.
+// order(i) gives the chunk index processed at step i.
+template <int DKP, class Order>
+__device__ float* next_stage(float* sm, const Smem& L, const Args& a, const Seq& s, int it, int c0, Order order) {
+  float* cur = sm + (a.nbuf == 2 ? (it & 1) : 0) * L.stage;
+  if (a.nbuf == 2) {
+    if (it == 0) {
+      stage_chunk<DKP>(cur, L, a, s, order(0), c0);
+      __pipeline_commit();
+    }
+    if (it + 1 < a.nchunks) {
+      stage_chunk<DKP>(sm + ((it + 1) & 1) * L.stage, L, a, s, order(it + 1), c0);
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
+    }
+  } else {
+    stage_chunk<DKP>(cur, L, a, s, order(it), c0);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+  }
+  __syncthreads();
+  return cur;
+}
+
+// beta, the dbeta_logit factor d beta / d logit, and a = exp(g) of the staged chunk.
+__device__ void fill_coef(float* coef, const float* buf, const Smem& L, const Args& a, int nt) {
+  const int n = nt * a.nh;
+  for (int x = threadIdx.x; x < n; x += blockDim.x) {
+    const float sg = 1.f / (1.f + expf(-buf[L.bl + x]));
+    coef[x] = a.bscale * sg;                          // beta = s sigmoid(x)
+    coef[kC * a.nh + x] = a.bscale * sg * (1.f - sg);  // d beta / dx = beta (1 - sigmoid(x))
+  }
+  for (int x = threadIdx.x; x < nt; x += blockDim.x) coef[2 * kC * a.nh + x] = a.g ? expf(buf[L.g + x]) : 1.f;
+  __syncthreads();
+}
+
+// Sums x over the RG lanes of a column group (xor butterfly: every lane gets the same sum).
+template <int RG, int N>
+__device__ __forceinline__ void sum_rows(float (&x)[N]) {
+#pragma unroll
+  for (int o = 1; o < RG; o <<= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) x[n] += __shfl_xor_sync(kFull, x[n], o);
+}
+// Sums x over the column groups of a warp (lanes with the same rg).
+template <int RG, int N>
+__device__ __forceinline__ void sum_cols(float (&x)[N]) {
+#pragma unroll
+  for (int o = RG; o < 32; o <<= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) x[n] += __shfl_xor_sync(kFull, x[n], o);
+}
+
+// One sub-step on the thread's slice: u = v - S^T k (over all rows), S += k (beta u)^T.
+// Returns u in `u` (identical in the RG lanes of the column group).
+template <int DKP>
+__device__ __forceinline__ void householder(float (&S)[Layout<DKP>::NR][Layout<DKP>::NC], float (&u)[Layout<DKP>::NC],
+                                            const float* kk, const float* vv, float beta, int rg) {
+  using Lay = Layout<DKP>;
+  float kr[Lay::NR];
+#pragma unroll
+  for (int i = 0; i < Lay::NR; ++i) kr[i] = kk[rg + Lay::RG * i];
+#pragma unroll
+  for (int n = 0; n < Lay::NC; ++n) {
+    float p0 = 0.f, p1 = 0.f;  // two partial sums: shorter dependency chain
+#pragma unroll
+    for (int i = 0; i < Lay::NR; i += 2) {
+      p0 = fmaf(kr[i], S[i][n], p0);
+      if (i + 1 < Lay::NR) p1 = fmaf(kr[i + 1], S[i + 1][n], p1);
+    }
+    u[n] = p0 + p1;
+  }
+  sum_rows<Lay::RG>(u);
+#pragma unroll
+  for (int n = 0; n < Lay::NC; ++n) {
+    u[n] = vv[n] - u[n];
+    const float bu = beta * u[n];
+#pragma unroll
+    for (int i = 0; i < Lay::NR; ++i) S[i][n] = fmaf(kr[i], bu, S[i][n]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: o (if non-null) and the chunk-start states (if ckpt_out is non-null).
+template <int DKP>
+__global__ void __launch_bounds__(kMaxWarps * 32) delta_fwd_kernel(Args a) {
+  using Lay = Layout<DKP>;
+  constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
+  extern __shared__ float sm[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int rg = lane % RG, cl0 = (warp * Lay::CGW + lane / RG) * NC;  // first local column
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, c0 = blockIdx.y * a.cols;
+  const int nh = a.nh, cols = a.cols;
+  const Smem L = smem_layout(DKP, nh, cols, a.nbuf, nw, false, a.g != nullptr);
+  const Seq s(a, b, h);
+  float* coef = sm + L.coef;
+  float S[NR][NC];
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int n = 0; n < NC; ++n) S[i][n] = 0.f;
+
+  for (int ci = 0; ci < a.nchunks; ++ci) {
+    const float* buf = next_stage<DKP>(sm, L, a, s, ci, c0, [](int i) { return i; });
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    fill_coef(coef, buf, L, a, nt);
+    if (a.ckpt_out) {  // the state at the chunk start, before token t0
+      float* ck = a.ckpt_out + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const int row = rg + RG * i;
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+          const int col = c0 + cl0 + n;
+          if (row < a.Dk && col < a.Dv) ck[size_t(row) * a.Dv + col] = S[i][n];
+        }
+      }
+    }
+    for (int tt = 0; tt < nt; ++tt) {
+      if (a.g) {
+        const float at = coef[2 * kC * nh + tt];
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) S[i][n] *= at;
+      }
+      for (int j = 0; j < nh; ++j) {
+        const int tj = tt * nh + j;
+        float u[NC];
+        householder<DKP>(S, u, buf + L.k + tj * DKP, buf + L.v + tj * cols + cl0, coef[tj], rg);
+      }
+      if (a.o) {
+        const float* qq = buf + L.q + tt * DKP;
+        float o[NC];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) o[n] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+          const float qi = qq[rg + RG * i];
+#pragma unroll
+          for (int n = 0; n < NC; ++n) o[n] = fmaf(qi, S[i][n], o[n]);
+        }
+        sum_rows<RG>(o);
+        if (rg == 0) {
+          float* op = a.o + ((size_t(b) * a.T + t0 + tt) * a.H + h) * a.Dv;
+#pragma unroll
+          for (int n = 0; n < NC; ++n)
+            if (c0 + cl0 + n < a.Dv) op[c0 + cl0 + n] = a.scale * o[n];
+        }
+      }
+    }
+    __syncthreads();  // the staging buffer and coef are reused
+  }
+}
+
+// Global accumulation: plain when this block is the only one adding to the element.
+__device__ __forceinline__ void add_to(float* p, float x, bool atomic) {
+  if (atomic) atomicAdd(p, x);
+  else *p += x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward (see the header comment).
+template <int DKP>
+__global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
+  using Lay = Layout<DKP>;
+  constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
+  extern __shared__ float sm[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5, NT = blockDim.x;
+  const int rg = lane % RG, cgw = lane / RG, cl0 = (warp * Lay::CGW + cgw) * NC;
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, c0 = blockIdx.y * a.cols;
+  const int nh = a.nh, cols = a.cols, H = a.H;
+  const bool gate = a.g != nullptr, atomic = gridDim.y > 1;
+  const Smem L = smem_layout(DKP, nh, cols, a.nbuf, nw, true, gate);
+  const Seq s(a, b, h);
+  float* coef = sm + L.coef;
+  const float* betas = coef;
+  const float* gates = coef + 2 * kC * nh;
+  float* us = sm + L.u;     // [C*nh][cols]  u of every sub-step
+  float* dvs = sm + L.dvs;  // [C*nh][cols]  du of every sub-step (= the dv contribution)
+  float* st = sm + L.st;    // [C/G][NR*NC][NT]  state before tokens 0, G, 2G, ... (gate only)
+  float* dkw = sm + L.dkw + warp * kC * nh * DKP;
+  float* dqw = sm + L.dqw + warp * kC * DKP;
+  float* dbw = sm + L.dbw + warp * kC * nh;
+  float* dgw = sm + L.dgw + warp * kC;
+  // The (b,h) gradient pointers (same strides as the inputs).
+  const size_t tok = size_t(b) * a.T;
+  float* dqb = a.dq + tok * a.lq + size_t(h) * a.Dk;
+  float* dkb = a.dk + tok * a.lk + size_t(h) * a.Dk;
+  float* dvb = a.dv + tok * a.lv + size_t(h) * a.Dv;
+  float* dbb = a.dbl + tok * a.lb + h;
+  float* dgb = gate ? a.dg + tok * H + h : nullptr;
+
+  float S[NR][NC], dS[NR][NC];
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int n = 0; n < NC; ++n) dS[i][n] = 0.f;
+
+  const int last = a.nchunks - 1;
+  for (int it = 0; it < a.nchunks; ++it) {
+    const int ci = last - it;
+    const float* buf = next_stage<DKP>(sm, L, a, s, it, c0, [last](int i) { return last - i; });
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    fill_coef(coef, buf, L, a, nt);
+    const float* kS = buf + L.k;
+    const float* vS = buf + L.v;
+    const float* qS = buf + L.q;
+    const float* doS = buf + L.dout;
+
+    // Chunk-start state.
+    {
+      const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const int row = rg + RG * i;
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+          const int col = c0 + cl0 + n;
+          S[i][n] = (row < a.Dk && col < a.Dv) ? ck[size_t(row) * a.Dv + col] : 0.f;
+        }
+      }
+    }
+
+    // Pass A: forward through the chunk; u of every sub-step, dq, kept states.
+    for (int tt = 0; tt < nt; ++tt) {
+      if (gate) {
+        if (tt % kG == 0) {
+          float* sp = st + (tt / kG) * NR * NC * NT + tid;
+#pragma unroll
+          for (int i = 0; i < NR; ++i)
+#pragma unroll
+            for (int n = 0; n < NC; ++n) sp[(i * NC + n) * NT] = S[i][n];
+        }
+        const float at = gates[tt];
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) S[i][n] *= at;
+      }
+      for (int j = 0; j < nh; ++j) {
+        const int tj = tt * nh + j;
+        float u[NC];
+        householder<DKP>(S, u, kS + tj * DKP, vS + tj * cols + cl0, betas[tj], rg);
+        if (rg == 0)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) us[tj * cols + cl0 + n] = u[n];
+      }
+      // dq_t = scale S_t dout_t (partial over this warp's columns; scale at the flush)
+      float dq[NR];
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        float acc = 0.f;
+#pragma unroll
+        for (int n = 0; n < NC; ++n) acc = fmaf(S[i][n], doS[tt * cols + cl0 + n], acc);
+        dq[i] = acc;
+      }
+      sum_cols<RG>(dq);
+      if (cgw == 0)
+#pragma unroll
+        for (int i = 0; i < NR; ++i) dqw[tt * DKP + rg + RG * i] = dq[i];
+    }
+    __syncwarp();  // us is written by lane rg == 0 and read by all lanes of its column group
+
+    // Reverse through the chunk. S = state after token t1-1 (from pass A).
+    for (int tt = nt - 1; tt >= 0; --tt) {
+      const float at = gates[tt];
+      if (gate && tt < nt - 1) {
+        // Rebuild the state after token tt from the kept state before token tt0 = tt - tt%G.
+        const int tt0 = tt - tt % kG;
+        const float* sp = st + (tt0 / kG) * NR * NC * NT + tid;
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) S[i][n] = sp[(i * NC + n) * NT];
+        for (int x = tt0; x <= tt; ++x) {
+          const float ax = gates[x];
+#pragma unroll
+          for (int i = 0; i < NR; ++i)
+#pragma unroll
+            for (int n = 0; n < NC; ++n) S[i][n] *= ax;
+          for (int j = 0; j < nh; ++j) {
+            const int tj = x * nh + j;
+            const float* kk = kS + tj * DKP;
+            const float beta = betas[tj];
+#pragma unroll
+            for (int n = 0; n < NC; ++n) {
+              const float bu = beta * us[tj * cols + cl0 + n];
+#pragma unroll
+              for (int i = 0; i < NR; ++i) S[i][n] = fmaf(kk[rg + RG * i], bu, S[i][n]);
+            }
+          }
+        }
+      }
+      // o_t = scale S^T q:  dS += scale q do^T
+      {
+        float dor[NC];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) dor[n] = doS[tt * cols + cl0 + n];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+          const float sq = a.scale * qS[tt * DKP + rg + RG * i];
+#pragma unroll
+          for (int n = 0; n < NC; ++n) dS[i][n] = fmaf(sq, dor[n], dS[i][n]);
+        }
+      }
+      for (int j = nh - 1; j >= 0; --j) {
+        const int tj = tt * nh + j;
+        const float* kk = kS + tj * DKP;
+        const float beta = betas[tj];
+        float kr[NR], u[NC], bu[NC], w[NC];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) kr[i] = kk[rg + RG * i];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+          u[n] = us[tj * cols + cl0 + n];
+          bu[n] = beta * u[n];
+        }
+        // S_prev = S - k (beta u)^T ;  w = dS^T k
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+          float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+          for (int i = 0; i < NR; i += 2) {
+            p0 = fmaf(kr[i], dS[i][n], p0);
+            if (i + 1 < NR) p1 = fmaf(kr[i + 1], dS[i + 1][n], p1);
+          }
+          w[n] = p0 + p1;
+#pragma unroll
+          for (int i = 0; i < NR; ++i) S[i][n] = fmaf(-kr[i], bu[n], S[i][n]);
+        }
+        sum_rows<RG>(w);
+        // du = beta w ; dbeta = w.u ; dk = beta dS u - S_prev du ; dS -= k du^T
+        float du[NC], db[1] = {0.f}, dk[NR];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+          du[n] = beta * w[n];
+          db[0] = fmaf(w[n], u[n], db[0]);
+        }
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+          float acc = 0.f;
+#pragma unroll
+          for (int n = 0; n < NC; ++n) acc = fmaf(dS[i][n], bu[n], fmaf(-S[i][n], du[n], acc));
+          dk[i] = acc;
+#pragma unroll
+          for (int n = 0; n < NC; ++n) dS[i][n] = fmaf(-kr[i], du[n], dS[i][n]);
+        }
+        sum_cols<RG>(dk);
+        sum_cols<RG>(db);
+        if (cgw == 0)
+#pragma unroll
+          for (int i = 0; i < NR; ++i) dkw[tj * DKP + rg + RG * i] = dk[i];
+        if (lane == 0) dbw[tj] = db[0];
+        if (rg == 0)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) dvs[tj * cols + cl0 + n] = du[n];
+      }
+      if (gate) {
+        // S is now exp(g_t) * (state after token t-1):  dg_t = sum(dS * S) ; dS *= a
+        float dg[1] = {0.f};
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+#pragma unroll
+          for (int n = 0; n < NC; ++n) {
+            dg[0] = fmaf(dS[i][n], S[i][n], dg[0]);
+            dS[i][n] *= at;
+          }
+        sum_rows<RG>(dg);
+        sum_cols<RG>(dg);
+        if (lane == 0) dgw[tt] = dg[0];
+      }
+    }
+    __syncthreads();
+
+    // Flush the chunk's gradients: sum the warps' slots in order, add to global memory.
+    const float* dkw0 = sm + L.dkw;
+    for (int x = tid; x < nt * nh * DKP; x += NT) {
+      const int i = x % DKP;
+      if (i >= a.Dk) continue;
+      const int tj = x / DKP, j = tj % nh, t = t0 + tj / nh;
+      float acc = 0.f;
+      for (int w = 0; w < nw; ++w) acc += dkw0[w * kC * nh * DKP + x];
+      add_to(dkb + t * a.lk + size_t(j) * H * a.Dk + i, acc, atomic);
+    }
+    const float* dqw0 = sm + L.dqw;
+    for (int x = tid; x < nt * DKP; x += NT) {
+      const int i = x % DKP;
+      if (i >= a.Dk) continue;
+      float acc = 0.f;
+      for (int w = 0; w < nw; ++w) acc += dqw0[w * kC * DKP + x];
+      add_to(dqb + (t0 + x / DKP) * a.lq + i, a.scale * acc, atomic);
+    }
+    const float* dbw0 = sm + L.dbw;
+    for (int x = tid; x < nt * nh; x += NT) {
+      float acc = 0.f;
+      for (int w = 0; w < nw; ++w) acc += dbw0[w * kC * nh + x];
+      const int j = x % nh, t = t0 + x / nh;
+      add_to(dbb + t * a.lb + size_t(j) * H, acc * coef[kC * nh + x], atomic);
+    }
+    if (gate) {
+      const float* dgw0 = sm + L.dgw;
+      for (int x = tid; x < nt; x += NT) {
+        float acc = 0.f;
+        for (int w = 0; w < nw; ++w) acc += dgw0[w * kC + x];
+        add_to(dgb + size_t(t0 + x) * H, acc, atomic);
+      }
+    }
+    for (int x = tid; x < nt * nh * cols; x += NT) {
+      const int col = c0 + x % cols;
+      if (col >= a.Dv) continue;
+      const int tj = x / cols, j = tj % nh, t = t0 + tj / nh;
+      dvb[t * a.lv + size_t(j) * H * a.Dv + col] += dvs[x];  // each column has one owner
+    }
+    __syncthreads();  // staging buffer, coef and the slots are reused
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+int padded_dk(int Dk) {
+  LRNN_DELTA_REQUIRE(Dk >= 1 && Dk <= 128);  // head key dims up to 128
+  return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
+}
+
+int max_smem_optin() {
+  static const int v = [] {
+    int dev = 0, x = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return x;
+  }();
+  return v;
+}
+
+// Allows the kernel the device's whole opt-in shared memory (once per kernel).
+template <auto Kernel>
+void allow_smem() {
+  static const bool done = [] {
+    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem_optin()));
+    return true;
+  }();
+  (void)done;
+}
+
+struct Launch {
+  int nw = 1, nbuf = 2, ytiles = 1;
+  size_t smem = 0;
+};
+
+// Picks warps per block and staging depth: the most resident warps per SM that fit, preferring
+// more warps per block (fewer re-loads of k and q) and double-buffering on ties.
+template <class K>
+Launch plan(K kernel, int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+  const int W = (d.Dv + CPW - 1) / CPW;  // warps needed to cover Dv
+  Launch best;
+  int best_score = -1;
+  for (int nw = std::min(W, kMaxWarps); nw >= 1; nw = nw > 1 ? (nw + 1) / 2 : 0) {
+    for (int nbuf = 2; nbuf >= 1; --nbuf) {
+      const size_t smem = sizeof(float) * smem_layout(DKP, d.n_h, nw * CPW, nbuf, nw, bwd, gate).total;
+      if (smem > size_t(max_smem_optin())) continue;
+      int blocks = 0;
+      LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, nw * 32, smem));
+      const int score = blocks * nw;
+      if (score > best_score) best_score = score, best = {nw, nbuf, (W + nw - 1) / nw, smem};
+    }
+    if (nw == 1) break;
+  }
+  const bool shared_memory_fits = best_score > 0;  // false: n_h too large for Dk
+  LRNN_DELTA_REQUIRE(shared_memory_fits);
+  return best;
+}
+
+Args make_args(const DeltaRuleDims& d) {
+  Args a{};
+  a.T = d.T, a.H = d.H, a.Dk = d.Dk, a.Dv = d.Dv, a.nh = d.n_h;
+  a.nchunks = (d.T + kC - 1) / kC;
+  a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
+  a.bscale = float(beta_scale(d.range));
+  a.scale = float(d.out_scale());
+  return a;
+}
+
+void check_dims(const DeltaRuleDims& d) {
+  LRNN_DELTA_REQUIRE(d.B >= 0 && d.T >= 0 && d.H > 0 && d.Dk > 0 && d.Dv > 0 && d.n_h >= 1);
+  LRNN_DELTA_REQUIRE(size_t(d.B) * d.H <= 0x7fffffffu);
+}
+
+template <int DKP>
+void forward_dkp(Args a, const DeltaRuleDims& d) {
+  using Lay = Layout<DKP>;
+  auto kernel = delta_fwd_kernel<DKP>;
+  allow_smem<delta_fwd_kernel<DKP>>();
+  const Launch l = plan(kernel, DKP, Lay::CPW, d, false, a.g != nullptr);
+  a.cols = l.nw * Lay::CPW;
+  a.nbuf = l.nbuf;
+  kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+template <int DKP>
+void backward_dkp(Args a, const DeltaRuleDims& d) {
+  using Lay = Layout<DKP>;
+  auto kernel = delta_bwd_kernel<DKP>;
+  allow_smem<delta_bwd_kernel<DKP>>();
+  const Launch l = plan(kernel, DKP, Lay::CPW, d, true, a.g != nullptr);
+  a.cols = l.nw * Lay::CPW;
+  a.nbuf = l.nbuf;
+  kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+#define LRNN_DELTA_CUDA_DISPATCH(FN, ...)       \
+  switch (padded_dk(d.Dk)) {                    \
+    case 16: return FN<16>(__VA_ARGS__);        \
+    case 32: return FN<32>(__VA_ARGS__);        \
+    case 64: return FN<64>(__VA_ARGS__);        \
+    default: return FN<128>(__VA_ARGS__);       \
+  }
+
+void run_forward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPATCH(forward_dkp, a, d) }
+void run_backward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPATCH(backward_dkp, a, d) }
+
+}  // namespace
+
+void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
+                        const float* g, const DeltaRuleDims& d, float* ckpt) {
+  check_dims(d);
+  if (d.B == 0 || d.T == 0) return;
+  Args a = make_args(d);
+  a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g;
+  a.o = o, a.ckpt_out = ckpt;
+  run_forward(a, d);
+}
+
+void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
+                         const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
+                         const DeltaRuleDims& d, const float* ckpt) {
+  check_dims(d);
+  if (d.B == 0 || d.T == 0) return;
+  LRNN_DELTA_REQUIRE(!g || dg);  // a forget gate needs its gradient
+  Args a = make_args(d);
+  a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g, a.dout = dout;
+  a.dq = dq, a.dk = dk, a.dv = dv, a.dbl = dbeta_logit, a.dg = dg;
+  float* tmp = nullptr;
+  if (!ckpt) {
+    // Not used in captured graphs (training passes the forward's checkpoints): recompute them.
+    LRNN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), delta_rule_ckpt_size(d) * sizeof(float),
+                                    lrnn::cuda::stream()));
+    Args f = a;
+    f.dout = nullptr;
+    f.o = nullptr, f.ckpt_out = tmp;
+    run_forward(f, d);
+    ckpt = tmp;
+  }
+  a.ckpt_in = ckpt;
+  run_backward(a, d);
+  if (tmp) LRNN_CUDA_CHECK(cudaFreeAsync(tmp, lrnn::cuda::stream()));
+}
+
+}  // namespace lrnn::ops::cuda

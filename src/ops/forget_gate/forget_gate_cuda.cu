@@ -1,0 +1,101 @@
+// CUDA log-space forget gate (contract: forget_gate_cuda.h / forget_gate.h).
+//
+// Forward: one thread per (token, head). Backward: threads walk the flattened [N, H] grid with a
+// stride S that is a multiple of H, so every thread stays on one head and sums its dA_log /
+// ddt_bias terms in registers; a block then adds the partials of each head in shared memory
+// and issues one atomicAdd per head (per sum) — the order of those atomics is not deterministic.
+#include "ops/forget_gate/forget_gate_cuda.h"
+#include "cuda/runtime.h"
+
+namespace lrnn::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr long long kMaxThreads = 1024LL * kThreads;  // backward: about one full wave
+
+__device__ __forceinline__ float softplus(float x) { return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+__global__ void forget_gate_forward_kernel(float* __restrict__ g, const float* __restrict__ a,
+                                           const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                                           int N, int H, int lda) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long long)N * H) return;
+  const int n = int(i / H), h = int(i % H);
+  g[i] = -expf(A_log[h]) * softplus(a[size_t(n) * lda + h] + dt_bias[h]);
+}
+
+// Thread gid < S handles elements gid, gid + S, ... (S % H == 0: always head gid % H).
+__global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
+    float* __restrict__ da, float* __restrict__ dA_log, float* __restrict__ ddt_bias, const float* __restrict__ dg,
+    const float* __restrict__ a, const float* __restrict__ A_log, const float* __restrict__ dt_bias, int N, int H,
+    int lda, long long S) {
+  __shared__ float sA[kThreads], sB[kThreads];
+  const long long gid = (long long)blockIdx.x * kThreads + threadIdx.x;
+  const long long total = (long long)N * H;
+  const int h = int(gid % H);
+  float accA = 0.f, accB = 0.f;
+  if (gid < S) {
+    const float A = expf(A_log[h]), bias = dt_bias[h];
+    for (long long i = gid; i < total; i += S) {
+      const long long n = i / H;
+      const float x = a[n * lda + h] + bias, d = dg[i];
+      const float dx = -A * sigmoid(x) * d;
+      da[n * lda + h] += dx;
+      accA += -A * softplus(x) * d;
+      accB += dx;
+    }
+  }
+  if (!dA_log && !ddt_bias) return;  // uniform over the block
+  if (H >= 32) {
+    // Few threads share a head within a block: one atomic per thread.
+    if (gid < S) {
+      if (dA_log) atomicAdd(dA_log + h, accA);
+      if (ddt_bias) atomicAdd(ddt_bias + h, accB);
+    }
+    return;
+  }
+  sA[threadIdx.x] = accA;  // 0 for idle threads
+  sB[threadIdx.x] = accB;
+  __syncthreads();
+  if (threadIdx.x < H) {
+    // Threads t of this block with (blockIdx.x * kThreads + t) % H == threadIdx.x.
+    const int hh = threadIdx.x;
+    const int base = int(((long long)blockIdx.x * kThreads) % H);
+    int t0 = hh - base;
+    if (t0 < 0) t0 += H;
+    float sa = 0.f, sb = 0.f;
+    for (int t = t0; t < kThreads; t += H) {
+      sa += sA[t];
+      sb += sB[t];
+    }
+    if (dA_log) atomicAdd(dA_log + hh, sa);
+    if (ddt_bias) atomicAdd(ddt_bias + hh, sb);
+  }
+}
+
+}  // namespace
+
+void forget_gate_forward(float* g, const float* a, const float* A_log, const float* dt_bias, int N, int H, int lda) {
+  if (!lda) lda = H;
+  const long long total = (long long)N * H;
+  if (total <= 0) return;
+  forget_gate_forward_kernel<<<::lrnn::cuda::blocks_for(size_t(total), kThreads), kThreads, 0,
+                               ::lrnn::cuda::stream()>>>(g, a, A_log, dt_bias, N, H, lda);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void forget_gate_backward(float* da, float* dA_log, float* ddt_bias, const float* dg, const float* a,
+                          const float* A_log, const float* dt_bias, int N, int H, int lda) {
+  if (!lda) lda = H;
+  const long long total = (long long)N * H;
+  if (total <= 0) return;
+  long long S = total < kMaxThreads ? total : kMaxThreads;
+  S = (S + H - 1) / H * H;  // a multiple of H, >= H
+  forget_gate_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(S), kThreads), kThreads, 0,
+                                ::lrnn::cuda::stream()>>>(da, dA_log, ddt_bias, dg, a, A_log, dt_bias, N, H, lda,
+                                                          S);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lrnn::ops::cuda

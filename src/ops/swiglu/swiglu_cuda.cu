@@ -1,0 +1,107 @@
+// CUDA SwiGLU (contract: swiglu_cuda.h / swiglu.h): element-wise over [N, I], gate/up rows ld
+// apart, out packed. float4 accesses when I, ld and the pointers allow, scalar otherwise.
+#include "ops/swiglu/swiglu_cuda.h"
+#include <cstdint>
+#include "cuda/runtime.h"
+
+namespace lrnn::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float fwd(float g, float u) { return g * sigmoid(g) * u; }
+// dgate += d * u * silu'(g), dup += d * silu(g)
+__device__ __forceinline__ void bwd(float& dg, float& du, float d, float g, float u) {
+  const float s = sigmoid(g);
+  dg += d * u * s * (1.f + g * (1.f - s));
+  du += d * g * s;
+}
+
+// Scalar: element e of the [N, I] grid.
+__global__ void swiglu_forward_kernel(float* __restrict__ out, const float* __restrict__ gate,
+                                      const float* __restrict__ up, int N, int I, int ld) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size_t(N) * I) return;
+  const size_t n = e / I, i = e % I, k = n * ld + i;
+  out[e] = fwd(gate[k], up[k]);
+}
+
+__global__ void swiglu_backward_kernel(float* __restrict__ dgate, float* __restrict__ dup,
+                                       const float* __restrict__ dout, const float* __restrict__ gate,
+                                       const float* __restrict__ up, int N, int I, int ld) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size_t(N) * I) return;
+  const size_t n = e / I, i = e % I, k = n * ld + i;
+  float dg = dgate[k], du = dup[k];
+  bwd(dg, du, dout[e], gate[k], up[k]);
+  dgate[k] = dg;
+  dup[k] = du;
+}
+
+// float4: I4 = I / 4, ld4 = ld / 4.
+__global__ void swiglu_forward_kernel4(float4* __restrict__ out, const float4* __restrict__ gate,
+                                       const float4* __restrict__ up, int N, int I4, int ld4) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size_t(N) * I4) return;
+  const size_t n = e / I4, i = e % I4, k = n * ld4 + i;
+  const float4 g = gate[k], u = up[k];
+  out[e] = make_float4(fwd(g.x, u.x), fwd(g.y, u.y), fwd(g.z, u.z), fwd(g.w, u.w));
+}
+
+__global__ void swiglu_backward_kernel4(float4* __restrict__ dgate, float4* __restrict__ dup,
+                                        const float4* __restrict__ dout, const float4* __restrict__ gate,
+                                        const float4* __restrict__ up, int N, int I4, int ld4) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size_t(N) * I4) return;
+  const size_t n = e / I4, i = e % I4, k = n * ld4 + i;
+  const float4 g = gate[k], u = up[k], d = dout[e];
+  float4 dg = dgate[k], du = dup[k];
+  bwd(dg.x, du.x, d.x, g.x, u.x);
+  bwd(dg.y, du.y, d.y, g.y, u.y);
+  bwd(dg.z, du.z, d.z, g.z, u.z);
+  bwd(dg.w, du.w, d.w, g.w, u.w);
+  dgate[k] = dg;
+  dup[k] = du;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, int N, int I, int ld) {
+  if (!ld) ld = I;
+  if (N <= 0 || I <= 0) return;
+  auto s = ::lrnn::cuda::stream();
+  if (I % 4 == 0 && ld % 4 == 0 && aligned16(out) && aligned16(gate) && aligned16(up)) {
+    const size_t n = size_t(N) * (I / 4);
+    swiglu_forward_kernel4<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, s>>>(
+        reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), N,
+        I / 4, ld / 4);
+  } else {
+    swiglu_forward_kernel<<<::lrnn::cuda::blocks_for(size_t(N) * I, kThreads), kThreads, 0, s>>>(out, gate, up, N,
+                                                                                                  I, ld);
+  }
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
+                     int ld) {
+  if (!ld) ld = I;
+  if (N <= 0 || I <= 0) return;
+  auto s = ::lrnn::cuda::stream();
+  if (I % 4 == 0 && ld % 4 == 0 && aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) &&
+      aligned16(up)) {
+    const size_t n = size_t(N) * (I / 4);
+    swiglu_backward_kernel4<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, s>>>(
+        reinterpret_cast<float4*>(dgate), reinterpret_cast<float4*>(dup), reinterpret_cast<const float4*>(dout),
+        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), N, I / 4, ld / 4);
+  } else {
+    swiglu_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(N) * I, kThreads), kThreads, 0, s>>>(
+        dgate, dup, dout, gate, up, N, I, ld);
+  }
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lrnn::ops::cuda

@@ -1,0 +1,274 @@
+// CUDA delta rule vs the CPU reference (ops/delta_rule): forward outputs, chunk checkpoints and
+// every gradient (accumulated into random initial values, as the backward adds), over head
+// sizes, sub-step counts, eigenvalue ranges, forget gates, token strides and sequence lengths.
+//
+// Tolerances. Both sides run fp32 with the same recurrence; they differ only in summation
+// order (shuffle trees vs sequential loops), in the exp/sigmoid implementation (1-2 ulp) and,
+// in the CUDA backward, in how the states inside a chunk are recovered (inverting sub-steps:
+// a few ulp). Each error is ~1e-7 relative to the magnitudes involved and grows with the
+// number of sequential steps (roughly with its square root, at worst linearly). We compare
+// every element with |got - want| <= tol * (max|want| of that tensor) + tol * |want|:
+// tol = 1e-4 for T <= 64 (hundreds of steps: ~100x the expected error, while any indexing or
+// math bug is an O(1) error), 1e-3 for T = 1000.
+#include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+#include "cuda/runtime.h"
+#include "cuda_test_util.h"
+#include "ops/delta_rule/delta_rule.h"
+#include "ops/delta_rule/delta_rule_cuda.h"
+
+namespace {
+
+using lrnn::cuda::Buffer;
+using lrnn::ops::DeltaRuleDims;
+using lrnn::ops::EigenRange;
+using lrnn::testing::randn;
+using lrnn::testing::randu;
+using lrnn::testing::to_device;
+
+struct Opts {
+  bool gate = false;
+  double g_lo = -20, g_hi = 0;        // forget gate (log space): every third value in
+                                      // [g_lo, g_lo/4], the others in [-0.5, g_hi]
+  double bl_lo = 0, bl_hi = 0;        // beta logits uniform in [bl_lo, bl_hi]; both 0: N(0,1)
+  bool l2_keys = true;                // L2-normalised keys (else N(0, 1/Dk))
+  bool fused = false;                 // q|k|v|beta in one buffer per token, with padding
+  double tol = 1e-4;
+  uint64_t seed = 1;
+};
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::fabs(x)));
+  return m;
+}
+
+void near(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
+  const double scale = std::max(1.0, max_abs(want));
+  lrnn::testing::expect_close(got, want, tol * scale, tol, what);
+}
+
+// All the host-side operands of one case. In fused mode q, k, v and beta live in one row of
+// `width` floats per token (width > packed: padding that nobody may touch), and so do their
+// gradients; otherwise each has its own buffer, packed.
+struct Problem {
+  DeltaRuleDims d;
+  Opts o;
+  size_t N = 0;                       // B*T tokens
+  size_t off_q = 0, off_k = 0, off_v = 0, off_b = 0;
+  std::vector<float> x;               // fused operands, or q|k|v|beta back to back
+  std::vector<float> gx;              // their gradients' initial values (same layout as x)
+  std::vector<float> g, gg;           // forget gate and its gradient's initial values
+  std::vector<float> dout;
+
+  Problem(DeltaRuleDims dims, Opts opts) : d(dims), o(opts) {
+    N = size_t(d.B) * d.T;
+    const size_t Q = size_t(d.H) * d.Dk, K = size_t(d.n_h) * d.H * d.Dk, V = size_t(d.n_h) * d.H * d.Dv,
+                 Bt = size_t(d.n_h) * d.H;
+    if (o.fused) {
+      const int width = int(Q + K + V + Bt) + 5;  // 5 floats of padding per token
+      d.ldq = d.ldk = d.ldv = d.ldb = width;
+      off_q = 0, off_k = Q, off_v = Q + K, off_b = Q + K + V;
+      x = randn(N * width, o.seed, 1.0, 1);
+    } else {
+      off_q = 0, off_k = N * Q, off_v = off_k + N * K, off_b = off_v + N * V;
+      x = randn(off_b + N * Bt, o.seed, 1.0, 1);
+    }
+    // keys: per (token, sub-step, head) row
+    const auto kr = randn(N * K, o.seed, 1.0, 2);
+    for (size_t t = 0; t < N; ++t)
+      for (int j = 0; j < d.n_h; ++j)
+        for (int h = 0; h < d.H; ++h) {
+          float* row = x.data() + off_k + t * d.lk() + (size_t(j) * d.H + h) * d.Dk;
+          const float* src = kr.data() + (t * d.n_h * d.H + size_t(j) * d.H + h) * d.Dk;
+          double ss = 0;
+          for (int i = 0; i < d.Dk; ++i) ss += double(src[i]) * src[i];
+          const double s = o.l2_keys ? 1.0 / std::sqrt(ss + 1e-12) : 1.0 / std::sqrt(double(d.Dk));
+          for (int i = 0; i < d.Dk; ++i) row[i] = float(src[i] * s);
+        }
+    if (o.bl_lo != 0 || o.bl_hi != 0) {
+      const auto bl = randu(N * Bt, o.seed, o.bl_lo, o.bl_hi, 3);
+      for (size_t t = 0; t < N; ++t)
+        for (size_t e = 0; e < Bt; ++e) x[off_b + t * d.lb() + e] = bl[t * Bt + e];
+    }
+    if (o.gate) {
+      g.resize(N * d.H);
+      const auto lo = randu(g.size(), o.seed, o.g_lo, o.g_lo / 4, 4), hi = randu(g.size(), o.seed, -0.5, o.g_hi, 5);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = i % 3 == 0 ? lo[i] : hi[i];
+      gg = randn(g.size(), o.seed, 1.0, 6);
+    }
+    gx = randn(x.size(), o.seed, 1.0, 7);
+    dout = randn(N * d.H * d.Dv, o.seed, 1.0, 8);
+  }
+  const float* q(const float* base) const { return base + off_q; }
+  const float* k(const float* base) const { return base + off_k; }
+  const float* v(const float* base) const { return base + off_v; }
+  const float* b(const float* base) const { return base + off_b; }
+};
+
+// Runs forward and backward on both sides and compares everything.
+void check(const DeltaRuleDims& dims, const Opts& opts) {
+  const Problem p(dims, opts);
+  const DeltaRuleDims& d = p.d;
+  const std::string tag = "Dk=" + std::to_string(d.Dk) + " Dv=" + std::to_string(d.Dv) + " T=" +
+                          std::to_string(d.T) + " n_h=" + std::to_string(d.n_h) +
+                          (d.range == EigenRange::Signed ? " signed" : " unit") + (opts.gate ? " gate" : "") +
+                          (opts.fused ? " fused" : "");
+  SCOPED_TRACE(tag);
+  const size_t no = p.N * d.H * d.Dv, nck = lrnn::ops::delta_rule_ckpt_size(d);
+
+  // CPU reference.
+  std::vector<float> o_ref(no), ck_ref(nck);
+  const float* gp = opts.gate ? p.g.data() : nullptr;
+  lrnn::ops::delta_rule_forward<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                       p.b(p.x.data()), gp, d, ck_ref.data());
+  std::vector<float> gx_ref = p.gx, gg_ref = p.gg;
+  float* gxr = gx_ref.data();
+  lrnn::ops::delta_rule_backward<float>(gxr + p.off_q, gxr + p.off_k, gxr + p.off_v, gxr + p.off_b,
+                                        opts.gate ? gg_ref.data() : nullptr, p.dout.data(), p.q(p.x.data()),
+                                        p.k(p.x.data()), p.v(p.x.data()), p.b(p.x.data()), gp, d, ck_ref.data());
+
+  // CUDA.
+  auto x = to_device(p.x), dout = to_device(p.dout);
+  Buffer<float> g;
+  if (opts.gate) g = to_device(p.g);
+  const float* gd = opts.gate ? g.data() : nullptr;
+  Buffer<float> o(no), ck(nck), o2(no);
+  o.zero();
+  lrnn::ops::cuda::delta_rule_forward(o.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
+                                      ck.data());
+  lrnn::ops::cuda::delta_rule_forward(o2.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
+                                      nullptr);
+  lrnn::cuda::synchronize();
+  near(o.download(), o_ref, opts.tol, "forward o");
+  near(o2.download(), o_ref, opts.tol, "forward o (no checkpoints)");
+  near(ck.download(), ck_ref, opts.tol, "chunk checkpoints");
+
+  // Backward twice: with the forward's checkpoints and without (recomputed inside).
+  for (const bool with_ckpt : {true, false}) {
+    SCOPED_TRACE(with_ckpt ? "backward with checkpoints" : "backward without checkpoints");
+    auto gx = to_device(p.gx);
+    Buffer<float> gg;
+    if (opts.gate) gg = to_device(p.gg);
+    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                         gx.data() + p.off_b, opts.gate ? gg.data() : nullptr, dout.data(),
+                                         p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
+                                         with_ckpt ? ck.data() : nullptr);
+    lrnn::cuda::synchronize();
+    const auto got = gx.download();
+    // Each gradient separately (their magnitudes differ), padding included in fused mode.
+    auto slice = [&](const std::vector<float>& v, size_t from, size_t to) {
+      return std::vector<float>(v.begin() + from, v.begin() + to);
+    };
+    if (opts.fused) {
+      near(got, gx_ref, opts.tol, "dq|dk|dv|dbeta (fused rows)");
+    } else {
+      near(slice(got, p.off_q, p.off_k), slice(gx_ref, p.off_q, p.off_k), opts.tol, "dq");
+      near(slice(got, p.off_k, p.off_v), slice(gx_ref, p.off_k, p.off_v), opts.tol, "dk");
+      near(slice(got, p.off_v, p.off_b), slice(gx_ref, p.off_v, p.off_b), opts.tol, "dv");
+      near(slice(got, p.off_b, got.size()), slice(gx_ref, p.off_b, gx_ref.size()), opts.tol, "dbeta_logit");
+    }
+    if (opts.gate) near(gg.download(), gg_ref, opts.tol, "dg");
+  }
+}
+
+DeltaRuleDims dims(int B, int T, int H, int Dk, int Dv, int n_h, EigenRange r) {
+  DeltaRuleDims d;
+  d.B = B, d.T = T, d.H = H, d.Dk = Dk, d.Dv = Dv, d.n_h = n_h, d.range = r;
+  return d;
+}
+
+TEST(DeltaRuleCuda, DeltaNetUnit32) {
+  LRNN_REQUIRE_GPU();
+  check(dims(3, 40, 2, 32, 32, 1, EigenRange::Unit), {});
+}
+
+TEST(DeltaRuleCuda, SignedSaturatedBeta) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.bl_lo = 6, o.bl_hi = 10;  // beta = 2 sigmoid(~8) ~ 2: near-reflections
+  check(dims(2, 50, 4, 32, 32, 1, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, UnnormalisedKeysShort) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.l2_keys = false;
+  check(dims(2, 20, 3, 32, 32, 1, EigenRange::Unit), o);
+}
+
+TEST(DeltaRuleCuda, DeltaProduct2Gated) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.gate = true;
+  check(dims(2, 45, 2, 32, 32, 2, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, DeltaProduct3GatedNearZero) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.gate = true, o.g_lo = -1, o.g_hi = 0;  // gates near 1 (log values in [-1, 0])
+  check(dims(2, 40, 2, 32, 32, 3, EigenRange::Unit), o);
+  o.g_lo = -20, o.seed = 2;                 // and down to e^-20
+  check(dims(2, 40, 2, 32, 32, 3, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, OddSizes) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check(dims(2, 37, 3, 8, 12, 1, EigenRange::Unit), o);
+  o.gate = true;
+  check(dims(2, 37, 3, 8, 12, 2, EigenRange::Signed), o);
+  // Dv over several warps and several column tiles (atomic accumulation), Dk between sizes.
+  check(dims(2, 21, 2, 20, 70, 2, EigenRange::Signed), o);
+  o.gate = false;
+  check(dims(1, 5, 1, 3, 1, 1, EigenRange::Unit), o);  // a single partial chunk
+  check(dims(1, 17, 2, 33, 9, 3, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, TokenStrides) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.fused = true;
+  check(dims(2, 33, 2, 32, 32, 1, EigenRange::Signed), o);
+  o.gate = true;
+  check(dims(2, 33, 2, 16, 24, 2, EigenRange::Unit), o);
+}
+
+TEST(DeltaRuleCuda, LongSequenceSigned) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.tol = 1e-3;
+  check(dims(2, 1000, 2, 32, 32, 1, EigenRange::Signed), o);
+  o.gate = true, o.g_lo = -2;
+  check(dims(1, 1000, 2, 32, 32, 2, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, HeadDim128) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check(dims(2, 40, 2, 128, 128, 1, EigenRange::Signed), o);
+  o.gate = true;
+  check(dims(1, 35, 2, 128, 128, 2, EigenRange::Unit), o);
+}
+
+TEST(DeltaRuleCuda, HeadDim64) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check(dims(2, 40, 2, 64, 64, 1, EigenRange::Signed), o);
+  o.gate = true;
+  check(dims(2, 40, 2, 64, 64, 3, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCuda, HeadDim16) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check(dims(3, 17, 4, 16, 16, 1, EigenRange::Unit), o);
+  o.gate = true;
+  check(dims(3, 16, 4, 16, 16, 2, EigenRange::Signed), o);
+}
+
+}  // namespace
