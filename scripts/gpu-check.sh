@@ -75,7 +75,7 @@ run_checks() {
   t0=$(date +%s.%N)
   timeout "${PARITY_TIMEOUT:-300}" "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --device cuda --force --out "$run" \
     --set training.stop_at=0.99 --set training.val_every=250 --set training.checkpoint_every=0 \
-    --set task.eval_samples=2048 --set logging.progress=lines 2>&1 | tee "$OUT/parity.log" || true
+    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET:-} 2>&1 | tee "$OUT/parity.log" || true
   t1=$(date +%s.%N)
   {
     echo "## Parity, DeltaNet [-1,1] P1 model (configs/chomsky/parity_delta_net_2.yaml, stop_at 0.99, val_every 250)"
