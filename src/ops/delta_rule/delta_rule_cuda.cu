@@ -69,6 +69,9 @@ struct Layout {
   static constexpr int NC = 2;                   // columns per thread
   static constexpr int CGW = 32 / RG;            // column groups per warp
   static constexpr int CPW = CGW * NC;           // columns per warp
+  // Blocks of kMaxWarps warps that should fit an SM by registers (the launch bound's register
+  // cap): 8 for the small heads, so that B*H = 1024 sequences run in one wave on 132 SMs.
+  static constexpr int kMinBlocks = DKP <= 32 ? 8 : DKP == 64 ? 5 : 3;
 };
 
 struct Args {
@@ -88,7 +91,7 @@ struct Smem {
   int stage;                       // one staging buffer: k | q | v | bl | g | dout
   int k, q, v, bl, g, dout;        // offsets inside a staging buffer
   int coef;                        // beta[C*nh] | dbeta factor[C*nh] | a = exp(g)[C]
-  int u, dvs, st, dkw, dqw, dbw, dgw, total;  // backward only
+  int u, st, dkw, dqw, dbw, dgw, total;  // backward only
 };
 
 __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf, int nwarps, bool bwd, bool gate) {
@@ -105,7 +108,6 @@ __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf,
   s.coef = o; o += kC * (2 * nh + 1);
   if (bwd) {
     s.u = o; o += kC * nh * cols;
-    s.dvs = o; o += kC * nh * cols;
     s.st = o; o += gate ? (kC / kG) * DKP * cols : 0;
     s.dkw = o; o += nwarps * kC * nh * DKP;
     s.dqw = o; o += nwarps * kC * DKP;
@@ -259,7 +261,7 @@ __device__ __forceinline__ void householder(float (&S)[Layout<DKP>::NR][Layout<D
 // ---------------------------------------------------------------------------------------------
 // Forward: o (if non-null) and the chunk-start states (if ckpt_out is non-null).
 template <int DKP>
-__global__ void __launch_bounds__(kMaxWarps * 32) delta_fwd_kernel(Args a) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_fwd_kernel(Args a) {
   using Lay = Layout<DKP>;
   constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
   extern __shared__ float sm[];
@@ -338,7 +340,7 @@ __device__ __forceinline__ void add_to(float* p, float x, bool atomic) {
 // ---------------------------------------------------------------------------------------------
 // Backward (see the header comment).
 template <int DKP>
-__global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_bwd_kernel(Args a) {
   using Lay = Layout<DKP>;
   constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
   extern __shared__ float sm[];
@@ -353,7 +355,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
   const float* betas = coef;
   const float* gates = coef + 2 * kC * nh;
   float* us = sm + L.u;     // [C*nh][cols]  u of every sub-step
-  float* dvs = sm + L.dvs;  // [C*nh][cols]  du of every sub-step (= the dv contribution)
   float* st = sm + L.st;    // [C/G][NR*NC][NT]  state before tokens 0, G, 2G, ... (gate only)
   float* dkw = sm + L.dkw + warp * kC * nh * DKP;
   float* dqw = sm + L.dqw + warp * kC * DKP;
@@ -528,9 +529,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
 #pragma unroll
           for (int i = 0; i < NR; ++i) dkw[tj * DKP + rg + RG * i] = dk[i];
         if (lane == 0) dbw[tj] = db[0];
-        if (rg == 0)
+        if (rg == 0) {  // dv += du as a non-blocking atomic add (one owner: deterministic)
+          float* dvp = dvb + (t0 + tt) * a.lv + size_t(j) * H * a.Dv;
 #pragma unroll
-          for (int n = 0; n < NC; ++n) dvs[tj * cols + cl0 + n] = du[n];
+          for (int n = 0; n < NC; ++n)
+            if (c0 + cl0 + n < a.Dv) atomicAdd(dvp + c0 + cl0 + n, du[n]);
+        }
       }
       if (gate) {
         // S is now exp(g_t) * (state after token t-1):  dg_t = sum(dS * S) ; dS *= a
@@ -582,12 +586,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
         add_to(dgb + size_t(t0 + x) * H, acc, atomic);
       }
     }
-    for (int x = tid; x < nt * nh * cols; x += NT) {
-      const int col = c0 + x % cols;
-      if (col >= a.Dv) continue;
-      const int tj = x / cols, j = tj % nh, t = t0 + tj / nh;
-      dvb[t * a.lv + size_t(j) * H * a.Dv + col] += dvs[x];  // each column has one owner
-    }
     __syncthreads();  // staging buffer, coef and the slots are reused
   }
 }
@@ -600,13 +598,18 @@ int padded_dk(int Dk) {
   return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
 }
 
+int device_attr(cudaDeviceAttr what) {
+  int dev = 0, x = 0;
+  LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+  LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, what, dev));
+  return x;
+}
 int max_smem_optin() {
-  static const int v = [] {
-    int dev = 0, x = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return x;
-  }();
+  static const int v = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return v;
+}
+int num_sms() {
+  static const int v = device_attr(cudaDevAttrMultiProcessorCount);
   return v;
 }
 
@@ -621,29 +624,35 @@ void allow_smem() {
 }
 
 struct Launch {
-  int nw = 1, nbuf = 2, ytiles = 1;
+  int nw = 0, nbuf = 0, ytiles = 0;
   size_t smem = 0;
+  long long waves = 0;
 };
 
-// Picks warps per block and staging depth: the most resident warps per SM that fit, preferring
-// more warps per block (fewer re-loads of k and q) and double-buffering on ties.
-template <class K>
-Launch plan(K kernel, int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+// Picks warps per block (1..4) and staging depth (1 or 2 buffers). The blocks are long,
+// latency-bound loops, so what counts is how many rounds ("waves") of resident blocks the grid
+// needs: fewest waves first, then more warps per block (fewer column tiles: less re-staging of
+// k and q, and deterministic sums when one tile covers Dv), then double-buffering.
+template <auto Kernel>
+Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+  allow_smem<Kernel>();
   const int W = (d.Dv + CPW - 1) / CPW;  // warps needed to cover Dv
   Launch best;
-  int best_score = -1;
   for (int nw = std::min(W, kMaxWarps); nw >= 1; nw = nw > 1 ? (nw + 1) / 2 : 0) {
     for (int nbuf = 2; nbuf >= 1; --nbuf) {
       const size_t smem = sizeof(float) * smem_layout(DKP, d.n_h, nw * CPW, nbuf, nw, bwd, gate).total;
       if (smem > size_t(max_smem_optin())) continue;
-      int blocks = 0;
-      LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, nw * 32, smem));
-      const int score = blocks * nw;
-      if (score > best_score) best_score = score, best = {nw, nbuf, (W + nw - 1) / nw, smem};
+      int per_sm = 0;
+      LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nw * 32, smem));
+      if (per_sm <= 0) continue;
+      const int ytiles = (W + nw - 1) / nw;
+      const long long blocks = (long long)d.B * d.H * ytiles, slots = (long long)per_sm * num_sms();
+      const Launch c{nw, nbuf, ytiles, smem, (blocks + slots - 1) / slots};
+      if (!best.nw || c.waves < best.waves) best = c;  // candidates come in order of preference
     }
     if (nw == 1) break;
   }
-  const bool shared_memory_fits = best_score > 0;  // false: n_h too large for Dk
+  const bool shared_memory_fits = best.nw > 0;  // false: n_h too large for this Dk
   LRNN_DELTA_REQUIRE(shared_memory_fits);
   return best;
 }
@@ -667,8 +676,7 @@ template <int DKP>
 void forward_dkp(Args a, const DeltaRuleDims& d) {
   using Lay = Layout<DKP>;
   auto kernel = delta_fwd_kernel<DKP>;
-  allow_smem<delta_fwd_kernel<DKP>>();
-  const Launch l = plan(kernel, DKP, Lay::CPW, d, false, a.g != nullptr);
+  const Launch l = plan<delta_fwd_kernel<DKP>>(DKP, Lay::CPW, d, false, a.g != nullptr);
   a.cols = l.nw * Lay::CPW;
   a.nbuf = l.nbuf;
   kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
@@ -679,8 +687,7 @@ template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   using Lay = Layout<DKP>;
   auto kernel = delta_bwd_kernel<DKP>;
-  allow_smem<delta_bwd_kernel<DKP>>();
-  const Launch l = plan(kernel, DKP, Lay::CPW, d, true, a.g != nullptr);
+  const Launch l = plan<delta_bwd_kernel<DKP>>(DKP, Lay::CPW, d, true, a.g != nullptr);
   a.cols = l.nw * Lay::CPW;
   a.nbuf = l.nbuf;
   kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
