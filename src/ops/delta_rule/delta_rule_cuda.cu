@@ -16,30 +16,33 @@
 // DKP is Dk rounded up to 16/32/64/128 (the one compile-time switch); rows >= Dk and columns
 // >= Dv are zero-padded in shared memory and so stay exactly zero in S and dS.
 // Per chunk of C = kDeltaChunk tokens the block stages k, q, v, beta logits, g (and dout) in
-// shared memory with cp.async, double-buffered (the next chunk loads while this one computes).
+// shared memory with cp.async, double-buffered where shared memory allows (the next chunk loads
+// while this one computes); `plan` picks warps per block and staging depth by the number of
+// waves of resident blocks the grid needs (B*H = 1024 at Dk = Dv = 32: one wave on an H200).
 //
 // Backward
 // --------
 // Chunks in reverse. For chunk [t0, t1), from its start state (the forward's checkpoint):
 //   pass A (forward over the chunk): redo every sub-step, keeping u = v - S^T k of each in
 //     shared memory, and dq_t = scale * S_t dout_t (S after token t). With a forget gate, the
-//     state before every G-th token is kept too (shared memory).
+//     state before every kG-th token is kept too (shared memory).
 //   reverse (t = t1-1 .. t0), with S = the state after token t and dS = dL/dS after token t:
 //     dS += scale q_t dout_t^T
 //     for j = n_h-1 .. 0:   (as the CPU: S_prev is the state before sub-step j)
-//       S_prev = S - beta k u^T          (exact inverse of the forward update, same k, beta, u)
+//       S_prev = S - k (beta u)^T        (undoes the forward's update: same k, beta, u)
 //       w = dS^T k ; du = beta w ; dbeta += w.u ; dk += beta dS u - S_prev du
 //       dS -= k du^T ; dv += du ; S = S_prev
 //     with a gate a = exp(g_t):  dg_t += sum(dS * S) (S = a S_before: a sum(dS S_before)) ; dS *= a
 //   Undoing the gate would divide by a (down to e^-20), so with a gate the state after token
 //   t-1 is instead rebuilt from the nearest kept state with the stored u (rank-1 updates only,
-//   no reductions). Without a gate S simply runs backwards through the whole chunk: inverting
-//   a sub-step only subtracts what the forward added, so rounding errors add up (a few ulps
-//   over a chunk) and never grow.
-// dv is column-local. dk, dq, dbeta and dg sum over columns: each warp reduces its columns
-// with shuffles into its own shared-memory slots, the block adds its warps in a fixed order at
-// the chunk's end and adds the result to global memory (plain += when one block covers all of
-// Dv, so the result is deterministic; atomicAdd when the columns are split over blocks).
+//   no reductions). Without a gate S simply runs backwards through the whole chunk: undoing a
+//   sub-step only subtracts what the forward added, so rounding errors add up (a few ulps over
+//   a chunk) and never grow.
+// dv is column-local (each element has one owner thread). dq, dk, dbeta and dg sum over
+// columns: each warp reduces its columns with shuffles into its own shared-memory slots, the
+// block adds its warps in a fixed order (dq after pass A, the rest at the chunk's end) and adds
+// the result to global memory: plain += when one block covers all of Dv (deterministic),
+// atomicAdd when the columns are split over blocks (Dv > 32 at Dk > 16).
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
 #include <cuda_pipeline.h>
@@ -91,7 +94,7 @@ struct Smem {
   int stage;                       // one staging buffer: k | q | v | bl | g | dout
   int k, q, v, bl, g, dout;        // offsets inside a staging buffer
   int coef;                        // beta[C*nh] | dbeta factor[C*nh] | a = exp(g)[C]
-  int u, st, dkw, dqw, dbw, dgw, total;  // backward only
+  int u, st, red, dbw, dgw, total;  // backward only
 };
 
 __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf, int nwarps, bool bwd, bool gate) {
@@ -109,8 +112,7 @@ __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf,
   if (bwd) {
     s.u = o; o += kC * nh * cols;
     s.st = o; o += gate ? (kC / kG) * DKP * cols : 0;
-    s.dkw = o; o += nwarps * kC * nh * DKP;
-    s.dqw = o; o += nwarps * kC * DKP;
+    s.red = o; o += nwarps * kC * nh * DKP;  // per-warp dq partials (pass A), then dk partials
     s.dbw = o; o += nwarps * kC * nh;
     s.dgw = o; o += nwarps * kC;
   }
@@ -356,8 +358,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
   const float* gates = coef + 2 * kC * nh;
   float* us = sm + L.u;     // [C*nh][cols]  u of every sub-step
   float* st = sm + L.st;    // [C/G][NR*NC][NT]  state before tokens 0, G, 2G, ... (gate only)
-  float* dkw = sm + L.dkw + warp * kC * nh * DKP;
-  float* dqw = sm + L.dqw + warp * kC * DKP;
+  float* dqw = sm + L.red + warp * kC * nh * DKP;  // [C][DKP] in pass A
+  float* dkw = dqw;                                // [C*nh][DKP] in the reverse pass
   float* dbw = sm + L.dbw + warp * kC * nh;
   float* dgw = sm + L.dgw + warp * kC;
   // The (b,h) gradient pointers (same strides as the inputs).
@@ -377,15 +379,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
   const int last = a.nchunks - 1;
   for (int it = 0; it < a.nchunks; ++it) {
     const int ci = last - it;
-    const float* buf = next_stage<DKP>(sm, L, a, s, it, c0, [last](int i) { return last - i; });
-    const int t0 = ci * kC, nt = min(kC, a.T - t0);
-    fill_coef(coef, buf, L, a, nt);
-    const float* kS = buf + L.k;
-    const float* vS = buf + L.v;
-    const float* qS = buf + L.q;
-    const float* doS = buf + L.dout;
-
-    // Chunk-start state.
+    // Chunk-start state (loaded first: the loads are in flight while the chunk's inputs land).
     {
       const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
 #pragma unroll
@@ -398,6 +392,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
         }
       }
     }
+    const float* buf = next_stage<DKP>(sm, L, a, s, it, c0, [last](int i) { return last - i; });
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    fill_coef(coef, buf, L, a, nt);
+    const float* kS = buf + L.k;
+    const float* vS = buf + L.v;
+    const float* qS = buf + L.q;
+    const float* doS = buf + L.dout;
 
     // Pass A: forward through the chunk; u of every sub-step, dq, kept states.
     for (int tt = 0; tt < nt; ++tt) {
@@ -437,7 +438,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
 #pragma unroll
         for (int i = 0; i < NR; ++i) dqw[tt * DKP + rg + RG * i] = dq[i];
     }
-    __syncwarp();  // us is written by lane rg == 0 and read by all lanes of its column group
+    __syncthreads();  // dq slots complete (and us, written by lane rg == 0 of each column group)
+    for (int x = tid; x < nt * DKP; x += NT) {
+      const int i = x % DKP;
+      if (i >= a.Dk) continue;
+      float acc = 0.f;
+      for (int w = 0; w < nw; ++w) acc += sm[L.red + w * kC * nh * DKP + x];
+      add_to(dqb + (t0 + x / DKP) * a.lq + i, a.scale * acc, atomic);
+    }
+    __syncthreads();  // the slots are reused for dk
 
     // Reverse through the chunk. S = state after token t1-1 (from pass A).
     for (int tt = nt - 1; tt >= 0; --tt) {
@@ -554,7 +563,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
     __syncthreads();
 
     // Flush the chunk's gradients: sum the warps' slots in order, add to global memory.
-    const float* dkw0 = sm + L.dkw;
+    const float* dkw0 = sm + L.red;
     for (int x = tid; x < nt * nh * DKP; x += NT) {
       const int i = x % DKP;
       if (i >= a.Dk) continue;
@@ -562,14 +571,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
       float acc = 0.f;
       for (int w = 0; w < nw; ++w) acc += dkw0[w * kC * nh * DKP + x];
       add_to(dkb + t * a.lk + size_t(j) * H * a.Dk + i, acc, atomic);
-    }
-    const float* dqw0 = sm + L.dqw;
-    for (int x = tid; x < nt * DKP; x += NT) {
-      const int i = x % DKP;
-      if (i >= a.Dk) continue;
-      float acc = 0.f;
-      for (int w = 0; w < nw; ++w) acc += dqw0[w * kC * DKP + x];
-      add_to(dqb + (t0 + x / DKP) * a.lq + i, a.scale * acc, atomic);
     }
     const float* dbw0 = sm + L.dbw;
     for (int x = tid; x < nt * nh; x += NT) {
