@@ -45,6 +45,9 @@
 // atomicAdd when the columns are split over blocks (Dv > 32 at Dk > 16).
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <cuda_pipeline.h>
 #include "cuda/runtime.h"
 
@@ -630,12 +633,18 @@ struct Launch {
   long long waves = 0;
 };
 
-// Picks warps per block (1..4) and staging depth (1 or 2 buffers). The blocks are long,
-// latency-bound loops, so what counts is how many rounds ("waves") of resident blocks the grid
-// needs: fewest waves first, then more warps per block (fewer column tiles: less re-staging of
-// k and q, and deterministic sums when one tile covers Dv), then double-buffering.
+// Picks warps per block (1..4) and staging depth (1 or 2 buffers). Every block is one long
+// sequential loop over T, so what counts is how many rounds ("waves") of resident blocks the
+// grid needs: fewest waves first, then more warps per block (fewer column tiles: less
+// re-staging of k and q, and deterministic sums when one tile covers Dv), then double-buffering.
+// Plans are cached per kernel and shape (the occupancy queries cost microseconds per call).
 template <auto Kernel>
 Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, bool, long long>, Launch> cache;
+  const auto key = std::make_tuple(d.Dv, d.n_h, gate, (long long)d.B * d.H);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
   allow_smem<Kernel>();
   const int W = (d.Dv + CPW - 1) / CPW;  // warps needed to cover Dv
   Launch best;
@@ -655,6 +664,7 @@ Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
   }
   const bool shared_memory_fits = best.nw > 0;  // false: n_h too large for this Dk
   LRNN_DELTA_REQUIRE(shared_memory_fits);
+  cache.emplace(key, best);
   return best;
 }
 
