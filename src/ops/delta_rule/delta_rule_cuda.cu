@@ -170,11 +170,11 @@ __device__ void stage_chunk(float* buf, const Smem& L, const Args& a, const Seq&
   if (s.g)
     for (int x = tid; x < nt; x += NT) cp4(buf + L.g + x, s.g + size_t(t0 + x) * H);
   if (s.dout) {
-    float* dS = buf + L.dout;
+    float* doS = buf + L.dout;
     for (int x = tid; x < nt * cols; x += NT) {
       const int col = c0 + x % cols, t = t0 + x / cols;
-      if (col < a.Dv) cp4(dS + x, s.dout + size_t(t) * H * a.Dv + col);
-      else dS[x] = 0.f;
+      if (col < a.Dv) cp4(doS + x, s.dout + size_t(t) * H * a.Dv + col);
+      else doS[x] = 0.f;
     }
   }
 }
