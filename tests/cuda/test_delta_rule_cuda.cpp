@@ -12,6 +12,7 @@
 // math bug is an O(1) error), 1e-3 for T = 1000.
 #include <gtest/gtest.h>
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -269,6 +270,51 @@ TEST(DeltaRuleCuda, HeadDim16) {
   check(dims(3, 17, 4, 16, 16, 1, EigenRange::Unit), o);
   o.gate = true;
   check(dims(3, 16, 4, 16, 16, 2, EigenRange::Signed), o);
+}
+
+// Not a correctness test: times forward and backward (run with --gtest_also_run_disabled_tests).
+void time_case(const DeltaRuleDims& d, bool gate) {
+  const size_t N = size_t(d.B) * d.T;
+  auto q = to_device(randn(N * d.lq(), 1, 1.0, 1)), k = to_device(randn(N * d.lk(), 1, 0.2, 2)),
+       v = to_device(randn(N * d.lv(), 1, 1.0, 3)), bl = to_device(randn(N * d.lb(), 1, 1.0, 4)),
+       g = to_device(randu(N * d.H, 1, -1, 0, 5)), dout = to_device(randn(N * d.H * d.Dv, 1, 1.0, 6));
+  Buffer<float> o(N * d.H * d.Dv), ck(lrnn::ops::delta_rule_ckpt_size(d)), dq(q.size()), dk(k.size()), dv(v.size()),
+      db(bl.size()), dg(g.size());
+  const float* gp = gate ? g.data() : nullptr;
+  auto fwd = [&] { lrnn::ops::cuda::delta_rule_forward(o.data(), q.data(), k.data(), v.data(), bl.data(), gp, d, ck.data()); };
+  auto bwd = [&] {
+    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), gate ? dg.data() : nullptr,
+                                         dout.data(), q.data(), k.data(), v.data(), bl.data(), gp, d, ck.data());
+  };
+  cudaEvent_t e0, e1;
+  LRNN_CUDA_CHECK(cudaEventCreate(&e0));
+  LRNN_CUDA_CHECK(cudaEventCreate(&e1));
+  auto time = [&](auto&& f) {
+    for (int i = 0; i < 3; ++i) f();
+    const int n = 20;
+    LRNN_CUDA_CHECK(cudaEventRecord(e0, lrnn::cuda::stream()));
+    for (int i = 0; i < n; ++i) f();
+    LRNN_CUDA_CHECK(cudaEventRecord(e1, lrnn::cuda::stream()));
+    lrnn::cuda::synchronize();
+    float ms = 0;
+    LRNN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return 1000.0 * ms / n;
+  };
+  const double tf = time(fwd), tb = time(bwd);
+  std::printf("B=%d T=%d H=%d Dk=%d Dv=%d n_h=%d%s: forward %.1f us, backward %.1f us\n", d.B, d.T, d.H, d.Dk,
+              d.Dv, d.n_h, gate ? " gate" : "", tf, tb);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+TEST(DeltaRuleCuda, DISABLED_Timing) {
+  LRNN_REQUIRE_GPU();
+  time_case(dims(256, 40, 4, 32, 32, 1, EigenRange::Signed), false);  // P1 parity training step
+  time_case(dims(256, 40, 4, 32, 32, 2, EigenRange::Signed), true);
+  time_case(dims(256, 256, 4, 32, 32, 1, EigenRange::Signed), false);
+  time_case(dims(64, 256, 4, 64, 64, 1, EigenRange::Signed), false);
+  time_case(dims(64, 256, 4, 128, 128, 1, EigenRange::Signed), false);
+  time_case(dims(64, 256, 4, 128, 128, 2, EigenRange::Signed), true);
 }
 
 }  // namespace

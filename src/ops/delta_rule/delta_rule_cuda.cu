@@ -16,32 +16,38 @@
 // DKP is Dk rounded up to 16/32/64/128 (the one compile-time switch); rows >= Dk and columns
 // >= Dv are zero-padded in shared memory and so stay exactly zero in S and dS.
 // Per chunk of C = kDeltaChunk tokens the block stages k, q, v, beta logits, g (and dout) in
-// shared memory with cp.async, double-buffered (the next chunk loads while this one computes).
+// shared memory with cp.async, double-buffered where shared memory allows (the next chunk loads
+// while this one computes); `plan` picks warps per block and staging depth by the number of
+// waves of resident blocks the grid needs (B*H = 1024 at Dk = Dv = 32: one wave on an H200).
 //
 // Backward
 // --------
 // Chunks in reverse. For chunk [t0, t1), from its start state (the forward's checkpoint):
 //   pass A (forward over the chunk): redo every sub-step, keeping u = v - S^T k of each in
 //     shared memory, and dq_t = scale * S_t dout_t (S after token t). With a forget gate, the
-//     state before every G-th token is kept too (shared memory).
+//     state before every kG-th token is kept too (shared memory).
 //   reverse (t = t1-1 .. t0), with S = the state after token t and dS = dL/dS after token t:
 //     dS += scale q_t dout_t^T
 //     for j = n_h-1 .. 0:   (as the CPU: S_prev is the state before sub-step j)
-//       S_prev = S - beta k u^T          (exact inverse of the forward update, same k, beta, u)
+//       S_prev = S - k (beta u)^T        (undoes the forward's update: same k, beta, u)
 //       w = dS^T k ; du = beta w ; dbeta += w.u ; dk += beta dS u - S_prev du
 //       dS -= k du^T ; dv += du ; S = S_prev
 //     with a gate a = exp(g_t):  dg_t += sum(dS * S) (S = a S_before: a sum(dS S_before)) ; dS *= a
 //   Undoing the gate would divide by a (down to e^-20), so with a gate the state after token
 //   t-1 is instead rebuilt from the nearest kept state with the stored u (rank-1 updates only,
-//   no reductions). Without a gate S simply runs backwards through the whole chunk: inverting
-//   a sub-step only subtracts what the forward added, so rounding errors add up (a few ulps
-//   over a chunk) and never grow.
-// dv is column-local. dk, dq, dbeta and dg sum over columns: each warp reduces its columns
-// with shuffles into its own shared-memory slots, the block adds its warps in a fixed order at
-// the chunk's end and adds the result to global memory (plain += when one block covers all of
-// Dv, so the result is deterministic; atomicAdd when the columns are split over blocks).
+//   no reductions). Without a gate S simply runs backwards through the whole chunk: undoing a
+//   sub-step only subtracts what the forward added, so rounding errors add up (a few ulps over
+//   a chunk) and never grow.
+// dv is column-local (each element has one owner thread). dq, dk, dbeta and dg sum over
+// columns: each warp reduces its columns with shuffles into its own shared-memory slots, the
+// block adds its warps in a fixed order (dq after pass A, the rest at the chunk's end) and adds
+// the result to global memory: plain += when one block covers all of Dv (deterministic),
+// atomicAdd when the columns are split over blocks (Dv > 32 at Dk > 16).
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <cuda_pipeline.h>
 #include "cuda/runtime.h"
 
@@ -69,6 +75,9 @@ struct Layout {
   static constexpr int NC = 2;                   // columns per thread
   static constexpr int CGW = 32 / RG;            // column groups per warp
   static constexpr int CPW = CGW * NC;           // columns per warp
+  // Blocks of kMaxWarps warps that should fit an SM by registers (the launch bound's register
+  // cap): 8 for the small heads, so that B*H = 1024 sequences run in one wave on 132 SMs.
+  static constexpr int kMinBlocks = DKP <= 32 ? 8 : DKP == 64 ? 5 : 3;
 };
 
 struct Args {
@@ -88,7 +97,7 @@ struct Smem {
   int stage;                       // one staging buffer: k | q | v | bl | g | dout
   int k, q, v, bl, g, dout;        // offsets inside a staging buffer
   int coef;                        // beta[C*nh] | dbeta factor[C*nh] | a = exp(g)[C]
-  int u, dvs, st, dkw, dqw, dbw, dgw, total;  // backward only
+  int u, st, red, dbw, dgw, total;  // backward only
 };
 
 __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf, int nwarps, bool bwd, bool gate) {
@@ -105,10 +114,8 @@ __host__ __device__ inline Smem smem_layout(int DKP, int nh, int cols, int nbuf,
   s.coef = o; o += kC * (2 * nh + 1);
   if (bwd) {
     s.u = o; o += kC * nh * cols;
-    s.dvs = o; o += kC * nh * cols;
     s.st = o; o += gate ? (kC / kG) * DKP * cols : 0;
-    s.dkw = o; o += nwarps * kC * nh * DKP;
-    s.dqw = o; o += nwarps * kC * DKP;
+    s.red = o; o += nwarps * kC * nh * DKP;  // per-warp dq partials (pass A), then dk partials
     s.dbw = o; o += nwarps * kC * nh;
     s.dgw = o; o += nwarps * kC;
   }
@@ -163,11 +170,11 @@ __device__ void stage_chunk(float* buf, const Smem& L, const Args& a, const Seq&
   if (s.g)
     for (int x = tid; x < nt; x += NT) cp4(buf + L.g + x, s.g + size_t(t0 + x) * H);
   if (s.dout) {
-    float* dS = buf + L.dout;
+    float* doS = buf + L.dout;
     for (int x = tid; x < nt * cols; x += NT) {
       const int col = c0 + x % cols, t = t0 + x / cols;
-      if (col < a.Dv) cp4(dS + x, s.dout + size_t(t) * H * a.Dv + col);
-      else dS[x] = 0.f;
+      if (col < a.Dv) cp4(doS + x, s.dout + size_t(t) * H * a.Dv + col);
+      else doS[x] = 0.f;
     }
   }
 }
@@ -259,7 +266,7 @@ __device__ __forceinline__ void householder(float (&S)[Layout<DKP>::NR][Layout<D
 // ---------------------------------------------------------------------------------------------
 // Forward: o (if non-null) and the chunk-start states (if ckpt_out is non-null).
 template <int DKP>
-__global__ void __launch_bounds__(kMaxWarps * 32) delta_fwd_kernel(Args a) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_fwd_kernel(Args a) {
   using Lay = Layout<DKP>;
   constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
   extern __shared__ float sm[];
@@ -338,7 +345,7 @@ __device__ __forceinline__ void add_to(float* p, float x, bool atomic) {
 // ---------------------------------------------------------------------------------------------
 // Backward (see the header comment).
 template <int DKP>
-__global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_bwd_kernel(Args a) {
   using Lay = Layout<DKP>;
   constexpr int NR = Lay::NR, NC = Lay::NC, RG = Lay::RG;
   extern __shared__ float sm[];
@@ -353,10 +360,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
   const float* betas = coef;
   const float* gates = coef + 2 * kC * nh;
   float* us = sm + L.u;     // [C*nh][cols]  u of every sub-step
-  float* dvs = sm + L.dvs;  // [C*nh][cols]  du of every sub-step (= the dv contribution)
   float* st = sm + L.st;    // [C/G][NR*NC][NT]  state before tokens 0, G, 2G, ... (gate only)
-  float* dkw = sm + L.dkw + warp * kC * nh * DKP;
-  float* dqw = sm + L.dqw + warp * kC * DKP;
+  float* dqw = sm + L.red + warp * kC * nh * DKP;  // [C][DKP] in pass A
+  float* dkw = dqw;                                // [C*nh][DKP] in the reverse pass
   float* dbw = sm + L.dbw + warp * kC * nh;
   float* dgw = sm + L.dgw + warp * kC;
   // The (b,h) gradient pointers (same strides as the inputs).
@@ -376,15 +382,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
   const int last = a.nchunks - 1;
   for (int it = 0; it < a.nchunks; ++it) {
     const int ci = last - it;
-    const float* buf = next_stage<DKP>(sm, L, a, s, it, c0, [last](int i) { return last - i; });
-    const int t0 = ci * kC, nt = min(kC, a.T - t0);
-    fill_coef(coef, buf, L, a, nt);
-    const float* kS = buf + L.k;
-    const float* vS = buf + L.v;
-    const float* qS = buf + L.q;
-    const float* doS = buf + L.dout;
-
-    // Chunk-start state.
+    // Chunk-start state (loaded first: the loads are in flight while the chunk's inputs land).
     {
       const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
 #pragma unroll
@@ -397,6 +395,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
         }
       }
     }
+    const float* buf = next_stage<DKP>(sm, L, a, s, it, c0, [last](int i) { return last - i; });
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    fill_coef(coef, buf, L, a, nt);
+    const float* kS = buf + L.k;
+    const float* vS = buf + L.v;
+    const float* qS = buf + L.q;
+    const float* doS = buf + L.dout;
 
     // Pass A: forward through the chunk; u of every sub-step, dq, kept states.
     for (int tt = 0; tt < nt; ++tt) {
@@ -436,7 +441,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
 #pragma unroll
         for (int i = 0; i < NR; ++i) dqw[tt * DKP + rg + RG * i] = dq[i];
     }
-    __syncwarp();  // us is written by lane rg == 0 and read by all lanes of its column group
+    __syncthreads();  // dq slots complete (and us, written by lane rg == 0 of each column group)
+    for (int x = tid; x < nt * DKP; x += NT) {
+      const int i = x % DKP;
+      if (i >= a.Dk) continue;
+      float acc = 0.f;
+      for (int w = 0; w < nw; ++w) acc += sm[L.red + w * kC * nh * DKP + x];
+      add_to(dqb + (t0 + x / DKP) * a.lq + i, a.scale * acc, atomic);
+    }
+    __syncthreads();  // the slots are reused for dk
 
     // Reverse through the chunk. S = state after token t1-1 (from pass A).
     for (int tt = nt - 1; tt >= 0; --tt) {
@@ -528,9 +541,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
 #pragma unroll
           for (int i = 0; i < NR; ++i) dkw[tj * DKP + rg + RG * i] = dk[i];
         if (lane == 0) dbw[tj] = db[0];
-        if (rg == 0)
+        if (rg == 0) {  // dv += du as a non-blocking atomic add (one owner: deterministic)
+          float* dvp = dvb + (t0 + tt) * a.lv + size_t(j) * H * a.Dv;
 #pragma unroll
-          for (int n = 0; n < NC; ++n) dvs[tj * cols + cl0 + n] = du[n];
+          for (int n = 0; n < NC; ++n)
+            if (c0 + cl0 + n < a.Dv) atomicAdd(dvp + c0 + cl0 + n, du[n]);
+        }
       }
       if (gate) {
         // S is now exp(g_t) * (state after token t-1):  dg_t = sum(dS * S) ; dS *= a
@@ -550,7 +566,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
     __syncthreads();
 
     // Flush the chunk's gradients: sum the warps' slots in order, add to global memory.
-    const float* dkw0 = sm + L.dkw;
+    const float* dkw0 = sm + L.red;
     for (int x = tid; x < nt * nh * DKP; x += NT) {
       const int i = x % DKP;
       if (i >= a.Dk) continue;
@@ -558,14 +574,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
       float acc = 0.f;
       for (int w = 0; w < nw; ++w) acc += dkw0[w * kC * nh * DKP + x];
       add_to(dkb + t * a.lk + size_t(j) * H * a.Dk + i, acc, atomic);
-    }
-    const float* dqw0 = sm + L.dqw;
-    for (int x = tid; x < nt * DKP; x += NT) {
-      const int i = x % DKP;
-      if (i >= a.Dk) continue;
-      float acc = 0.f;
-      for (int w = 0; w < nw; ++w) acc += dqw0[w * kC * DKP + x];
-      add_to(dqb + (t0 + x / DKP) * a.lq + i, a.scale * acc, atomic);
     }
     const float* dbw0 = sm + L.dbw;
     for (int x = tid; x < nt * nh; x += NT) {
@@ -582,12 +590,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) delta_bwd_kernel(Args a) {
         add_to(dgb + size_t(t0 + x) * H, acc, atomic);
       }
     }
-    for (int x = tid; x < nt * nh * cols; x += NT) {
-      const int col = c0 + x % cols;
-      if (col >= a.Dv) continue;
-      const int tj = x / cols, j = tj % nh, t = t0 + tj / nh;
-      dvb[t * a.lv + size_t(j) * H * a.Dv + col] += dvs[x];  // each column has one owner
-    }
     __syncthreads();  // staging buffer, coef and the slots are reused
   }
 }
@@ -600,13 +602,18 @@ int padded_dk(int Dk) {
   return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
 }
 
+int device_attr(cudaDeviceAttr what) {
+  int dev = 0, x = 0;
+  LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+  LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, what, dev));
+  return x;
+}
 int max_smem_optin() {
-  static const int v = [] {
-    int dev = 0, x = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return x;
-  }();
+  static const int v = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return v;
+}
+int num_sms() {
+  static const int v = device_attr(cudaDevAttrMultiProcessorCount);
   return v;
 }
 
@@ -621,30 +628,43 @@ void allow_smem() {
 }
 
 struct Launch {
-  int nw = 1, nbuf = 2, ytiles = 1;
+  int nw = 0, nbuf = 0, ytiles = 0;
   size_t smem = 0;
+  long long waves = 0;
 };
 
-// Picks warps per block and staging depth: the most resident warps per SM that fit, preferring
-// more warps per block (fewer re-loads of k and q) and double-buffering on ties.
-template <class K>
-Launch plan(K kernel, int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+// Picks warps per block (1..4) and staging depth (1 or 2 buffers). Every block is one long
+// sequential loop over T, so what counts is how many rounds ("waves") of resident blocks the
+// grid needs: fewest waves first, then more warps per block (fewer column tiles: less
+// re-staging of k and q, and deterministic sums when one tile covers Dv), then double-buffering.
+// Plans are cached per kernel and shape (the occupancy queries cost microseconds per call).
+template <auto Kernel>
+Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, bool, long long>, Launch> cache;
+  const auto key = std::make_tuple(d.Dv, d.n_h, gate, (long long)d.B * d.H);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  allow_smem<Kernel>();
   const int W = (d.Dv + CPW - 1) / CPW;  // warps needed to cover Dv
   Launch best;
-  int best_score = -1;
   for (int nw = std::min(W, kMaxWarps); nw >= 1; nw = nw > 1 ? (nw + 1) / 2 : 0) {
     for (int nbuf = 2; nbuf >= 1; --nbuf) {
       const size_t smem = sizeof(float) * smem_layout(DKP, d.n_h, nw * CPW, nbuf, nw, bwd, gate).total;
       if (smem > size_t(max_smem_optin())) continue;
-      int blocks = 0;
-      LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, nw * 32, smem));
-      const int score = blocks * nw;
-      if (score > best_score) best_score = score, best = {nw, nbuf, (W + nw - 1) / nw, smem};
+      int per_sm = 0;
+      LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nw * 32, smem));
+      if (per_sm <= 0) continue;
+      const int ytiles = (W + nw - 1) / nw;
+      const long long blocks = (long long)d.B * d.H * ytiles, slots = (long long)per_sm * num_sms();
+      const Launch c{nw, nbuf, ytiles, smem, (blocks + slots - 1) / slots};
+      if (!best.nw || c.waves < best.waves) best = c;  // candidates come in order of preference
     }
     if (nw == 1) break;
   }
-  const bool shared_memory_fits = best_score > 0;  // false: n_h too large for Dk
+  const bool shared_memory_fits = best.nw > 0;  // false: n_h too large for this Dk
   LRNN_DELTA_REQUIRE(shared_memory_fits);
+  cache.emplace(key, best);
   return best;
 }
 
@@ -667,8 +687,7 @@ template <int DKP>
 void forward_dkp(Args a, const DeltaRuleDims& d) {
   using Lay = Layout<DKP>;
   auto kernel = delta_fwd_kernel<DKP>;
-  allow_smem<delta_fwd_kernel<DKP>>();
-  const Launch l = plan(kernel, DKP, Lay::CPW, d, false, a.g != nullptr);
+  const Launch l = plan<delta_fwd_kernel<DKP>>(DKP, Lay::CPW, d, false, a.g != nullptr);
   a.cols = l.nw * Lay::CPW;
   a.nbuf = l.nbuf;
   kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
@@ -679,8 +698,7 @@ template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   using Lay = Layout<DKP>;
   auto kernel = delta_bwd_kernel<DKP>;
-  allow_smem<delta_bwd_kernel<DKP>>();
-  const Launch l = plan(kernel, DKP, Lay::CPW, d, true, a.g != nullptr);
+  const Launch l = plan<delta_bwd_kernel<DKP>>(DKP, Lay::CPW, d, true, a.g != nullptr);
   a.cols = l.nw * Lay::CPW;
   a.nbuf = l.nbuf;
   kernel<<<dim3(unsigned(d.B * d.H), unsigned(l.ytiles)), l.nw * 32, l.smem, lrnn::cuda::stream()>>>(a);
