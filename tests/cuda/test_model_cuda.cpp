@@ -161,16 +161,18 @@ TEST(ModelCuda, ResumeAfterKillContinuesTheRun) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * (1 + a[i])) << "step " << i + 1;
 }
 
-// The P1 parity model (DeltaNet d=128, 2 layers, 4 heads, [-1,1], public protocol lr 1e-3,
-// batch 256, lengths 3-40) learns parity on the GPU and extrapolates to 40-256: best of up to
-// three seeds, stopping as soon as an evaluation reaches 0.99.
+// The P1 parity model (DeltaNet d=128, 2 layers, 4 heads, [-1,1]; public-protocol batch 256,
+// lengths 3-40, AdamW wd 0.1) learns parity on the GPU and extrapolates to 40-256: best of up to
+// three seeds, stopping as soon as an evaluation reaches 0.99. lr 1e-2 with a 10k-step schedule:
+// the fastest of {1e-3, 3e-3, 1e-2} on an H200 (configs/grids/gpu_parity_p1.yaml: 3/3 seeds
+// reached 0.99 in 3750-4000 steps, ~7 s each; see docs/RESULTS.md).
 TEST(ModelCuda, LearnsParityOnTheGpu) {
   LRNN_REQUIRE_GPU();
   double best = -1;
   for (int seed = 0; seed < 3 && best < 0.99; ++seed) {
     YAML::Node root = YAML::Load(R"(
-training: {num_steps: 20000, batch_size: 256, lr: 1.0e-3, min_lr: 1.0e-6, warmup_steps: 2000, weight_decay: 0.1,
-           val_every: 500, stop_at: 0.99, checkpoint_every: 0, device: cuda}
+training: {num_steps: 10000, batch_size: 256, lr: 1.0e-2, min_lr: 1.0e-6, warmup_steps: 1000, weight_decay: 0.1,
+           val_every: 250, stop_at: 0.99, checkpoint_every: 0, device: cuda}
 model: {model_type: delta_net, hidden_size: 128, num_hidden_layers: 2, num_heads: 4, allow_neg_eigval: true}
 task: {name: parity, train_len: [3, 40], eval_len: [40, 256], eval_samples: 2048}
 logging: {log_every: 100, progress: none}
@@ -184,6 +186,7 @@ logging: {log_every: 100, progress: none}
     std::printf("seed %d: scaled accuracy %.4f on 40-256 after %lld steps, %.1f s\n", seed, sa, (long long)s.steps,
                 s.seconds);
     best = std::max(best, sa);
+    fs::remove_all(o.out_dir);
   }
   EXPECT_GE(best, 0.99);
 }
