@@ -61,6 +61,7 @@ double time_steps(const ExperimentConfig& cfg, int steps, bool graphs, bool fres
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
+  const bool profile = argc > 2 && std::string(argv[2]) == "--profile";
   if (!cuda::available()) {
     std::fprintf(stderr, "bench_cuda: no CUDA device\n");
     return 1;
@@ -79,6 +80,26 @@ int main(int argc, char** argv) {
       {"Gated DeltaNet [-1,1] (d128 L2 H4)",
        "{model_type: gated_deltanet, hidden_size: 128, num_hidden_layers: 2, num_heads: 4, allow_neg_eigval: true}"},
   };
+  if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
+    for (int B : {256, 1024}) {
+      ExperimentConfig cfg = config(models[0].yaml, B, steps);
+      cuda::set_profiling(true);
+      time_steps(cfg, 5, false, false);  // warm-up and graph-free setup
+      cuda::reset_profile();
+      time_steps(cfg, steps, false, false);
+      cuda::set_profiling(false);
+      std::printf("\nper-op device time, %s, batch %d, T 40 (ms per step, synchronised per op)\n\n", models[0].name, B);
+      std::printf("| op | ms/step | calls/step |\n|---|---|---|\n");
+      double total = 0;
+      auto prof = cuda::profile();
+      for (auto& t : prof) total += t.ms;
+      const int n = steps + 20;
+      for (auto& t : prof)
+        std::printf("| %s | %.3f | %.0f |\n", t.name.c_str(), t.ms / n, double(t.calls) / n);
+      std::printf("| total | %.3f | |\n", total / n);
+    }
+    return 0;
+  }
   std::printf("device: %s, T = 40, %d timed steps each\n\n", cuda::device_name().c_str(), steps);
   std::printf("| model | batch | graph ms/step | eager ms/step | graph+data ms/step | tokens/s (graph+data) |\n");
   std::printf("|---|---|---|---|---|---|\n");

@@ -54,7 +54,7 @@ run_checks() {
 
   echo "== CUDA tests"
   local rc=0
-  "$bin/tests/cuda_tests" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
+  timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
   local passed failed skipped
   passed=$(grep -c '^\[       OK \]' "$OUT/cuda_tests.log" || true)
   failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.log" || true)
@@ -67,15 +67,15 @@ run_checks() {
   } >>"$sum"
 
   echo "== benchmark"
-  "$bin/bench/bench_cuda" 300 2>&1 | tee "$OUT/bench.md" || true
+  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 300 2>&1 | tee "$OUT/bench.md" || true
   { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$OUT/bench.md" || true; echo; } >>"$sum"
 
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
   local t0 t1 run=/tmp/lrnn-gpu-parity
   t0=$(date +%s.%N)
-  "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --device cuda --force --out "$run" \
+  timeout "${PARITY_TIMEOUT:-300}" "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --device cuda --force --out "$run" \
     --set training.stop_at=0.99 --set training.val_every=250 --set training.checkpoint_every=0 \
-    --set task.eval_samples=2048 --set logging.progress=lines 2>&1 | tee "$OUT/parity.log" || true
+    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET:-} 2>&1 | tee "$OUT/parity.log" || true
   t1=$(date +%s.%N)
   {
     echo "## Parity, DeltaNet [-1,1] P1 model (configs/chomsky/parity_delta_net_2.yaml, stop_at 0.99, val_every 250)"

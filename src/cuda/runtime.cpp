@@ -1,5 +1,7 @@
 #include "cuda/runtime.h"
-#include <mutex>
+#include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <cublas_v2.h>
 #include <fmt/format.h>
 #include "core/check.h"
@@ -82,5 +84,52 @@ void* scratch(size_t bytes) {
   LRNN_CHECK(bytes <= Context::kScratch, "cuda scratch: {} bytes asked, {} available", bytes, Context::kScratch);
   return ctx().scratch;
 }
+
+namespace {
+struct Profile {
+  bool on = [] {
+    const char* v = std::getenv("LRNN_CUDA_PROFILE");
+    return v && v[0] == '1';
+  }();
+  std::map<std::string, OpTime> ops;
+  std::vector<cudaEvent_t> free_events;
+};
+Profile& prof() {
+  static Profile p;
+  return p;
+}
+}  // namespace
+
+bool profiling() { return prof().on; }
+void set_profiling(bool on) { prof().on = on; }
+
+OpTimer::OpTimer(const char* name) : name_(name) {
+  if (!prof().on) return;
+  LRNN_CUDA_CHECK(cudaEventCreate(&start_));
+  LRNN_CUDA_CHECK(cudaEventRecord(start_, stream()));
+}
+
+OpTimer::~OpTimer() {
+  if (!start_) return;
+  cudaEvent_t stop = nullptr;
+  float ms = 0;
+  if (cudaEventCreate(&stop) == cudaSuccess && cudaEventRecord(stop, stream()) == cudaSuccess &&
+      cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start_, stop) == cudaSuccess) {
+    OpTime& t = prof().ops[name_];
+    t.name = name_;
+    t.ms += ms;
+    t.calls += 1;
+  }
+  if (stop) cudaEventDestroy(stop);
+  cudaEventDestroy(start_);
+}
+
+std::vector<OpTime> profile() {
+  std::vector<OpTime> v;
+  for (auto& [k, t] : prof().ops) v.push_back(t);
+  std::sort(v.begin(), v.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  return v;
+}
+void reset_profile() { prof().ops.clear(); }
 
 }  // namespace lrnn::cuda

@@ -96,6 +96,33 @@ class Buffer {
   size_t n_ = 0;
 };
 
+// Per-op device time (LRNN_CUDA_PROFILE=1, or set_profiling): every CudaOps call (and the
+// engine's optimizer kernels) is bracketed by events and synchronised, so the totals show where
+// a step's time goes. Slows everything down and cannot be captured: the engine then launches
+// eagerly.
+bool profiling();
+void set_profiling(bool on);
+// Accumulates the device time between its construction and destruction under `name`.
+class OpTimer {
+ public:
+  explicit OpTimer(const char* name);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  const char* name_;
+  cudaEvent_t start_ = nullptr;
+};
+struct OpTime {
+  std::string name;
+  double ms = 0;
+  int64_t calls = 0;
+};
+// The totals so far, largest first; reset_profile() clears them.
+std::vector<OpTime> profile();
+void reset_profile();
+
 // Launch geometry helpers for 1-D grids.
 inline unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 

@@ -70,12 +70,16 @@ struct CudaOps {
   using Arena = cuda::DeviceArena;
 #define LRNN_CUDA_OP(name) \
   template <class... A>    \
-  static decltype(auto) name(A&&... a) { return ops::cuda::name(std::forward<A>(a)...); }
+  static decltype(auto) name(A&&... a) {             \
+    cuda::OpTimer timer(#name);                       \
+    return ops::cuda::name(std::forward<A>(a)...);    \
+  }
   LRNN_MODEL_OPS(LRNN_CUDA_OP)
   LRNN_MAMBA_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
   // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
   static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {
+    cuda::OpTimer timer("cross_entropy_loss");
     ops::cuda::cross_entropy_loss(loss, nullptr, logits, labels, N, V);
     return std::numeric_limits<double>::quiet_NaN();
   }

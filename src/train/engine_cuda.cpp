@@ -53,7 +53,7 @@ class CudaEngine final : public Engine {
       LRNN_USER_ERROR("{}: training.device: cuda, but no CUDA device is available here (use --device cpu or training.device: cpu)", cfg.source);
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
     model_type_ = cfg.model["model_type"].as<std::string>();
-    use_graphs_ = !env_off("LRNN_CUDA_GRAPHS");
+    use_graphs_ = !env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
     cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") ? cuda::GemmPrecision::FP32 : cuda::GemmPrecision::TF32);
     for (auto& e : events_) LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
@@ -159,9 +159,13 @@ class CudaEngine final : public Engine {
   // Everything one step launches, in order (what a graph captures).
   void run_step(int B, int T_) {
     const size_t P = host_->params.size();
-    dev_->grads.zero();
+    {
+      cuda::OpTimer t("zero_grads");
+      dev_->grads.zero();
+    }
     dev_->forward(tokens_.data(), labels_.data(), B, T_);
     dev_->backward();
+    cuda::OpTimer t("optimizer (norm, clip, adamw)");
     ops::cuda::optimizer_prepare(stats_.data(), dev_->loss(), dev_->grads.data(), P, lr_table_.data(),
                                  int64_t(lr_table_.size()), tc_.grad_clip);
     ops::cuda::adamw_update(dev_->params.data(), dev_->grads.data(), m_.data(), v_.data(), decay_.data(), P,

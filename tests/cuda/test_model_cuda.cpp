@@ -83,7 +83,7 @@ TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
 // A model type without a CUDA path says so (UserError), it does not crash.
 TEST(ModelCuda, ModelWithoutCudaPathIsAUserError) {
   LRNN_REQUIRE_GPU();
-  YAML::Node block = YAML::Load("{model_type: lstm, vocab_size: 3, hidden_size: 16, num_hidden_layers: 1}");
+  YAML::Node block = YAML::Load("{model_type: lstm, vocab_size: 3, hidden_size: 16, num_layers: 1}");
   auto cpu = create_model<float>(block, "test", 0);
   EXPECT_THROW(to_device(*cpu, "lstm"), UserError);
 }

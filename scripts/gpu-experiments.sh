@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU experiments behind docs/RESULTS.md (§ GPU): the parity grid (DeltaNet [0,1] vs [-1,1],
+# P1 model, 3 lrs x 3 seeds, stop at 0.99) and the modular-arithmetic grid (public protocol,
+# 20k steps, 3 seeds), each as `lrnn sweep` with all runs side by side on one GPU; then the
+# results tables and a tarball of every run's config, metrics and eval (for tools/plot.py).
+#   scripts/gpu-experiments.sh BIN_DIR OUT_DIR      (BIN_DIR holds lrnn: build-gpu or a pack)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-build-gpu}
+OUT=${2:-gpu-experiments-out}
+mkdir -p "$OUT"
+runs=$(mktemp -d)
+for grid in gpu_parity_p1:18 gpu_mod_arith_public:6; do
+  name=${grid%%:*}
+  jobs=${grid##*:}
+  echo "== $name ($jobs jobs)"
+  t0=$(date +%s)
+  timeout "${SWEEP_TIMEOUT:-300}" "$BIN/lrnn" sweep --grid "configs/grids/$name.yaml" --jobs "$jobs" \
+    --out "$runs/$name" 2>&1 | tail -n 5 || echo "(sweep $name stopped: exit $?)"
+  echo "$name: $(($(date +%s) - t0)) s wall for the whole grid"
+  "$BIN/lrnn" sweep --grid "configs/grids/$name.yaml" --out "$runs/$name" --report >/dev/null 2>&1 || true
+  cp "$runs/$name/results.md" "$OUT/$name.md" 2>/dev/null || true
+done
+(cd "$runs" && find . -name config.yaml -o -name metrics.jsonl -o -name eval.json -o -name results.csv -o -name results.md |
+  tar czf - -T -) >"$OUT/runs.tar.gz"
+ls -la "$OUT"
