@@ -22,6 +22,9 @@
 //     (PyTorch's kaiming_uniform(a=√5)), out_proj divided by sqrt(L) if rescale_prenorm_residual;
 //   embeddings, in_proj, x_proj, lm_head ~ N(0, initializer_range); in/out_proj biases 0.
 // No weight decay on norm weights, biases, A_log and D (mamba_ssm's `_no_weight_decay`).
+//
+// The network is written once (MambaCore, over models/backend.h's ops): Mamba<T> runs it on the
+// CPU reference ops, MambaDevice (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
 #include "io/schema.h"
 #include "models/backend.h"
