@@ -4,7 +4,7 @@
 //   graph     steps replayed as CUDA graphs, the batch fixed (device time per step)
 //   eager     the same with kernels launched one by one (LRNN_CUDA_GRAPHS=0): launch overhead
 //   +data     graphs, and the host generating a fresh batch every step (what training does)
-// Prints a Markdown table. Usage: bench_cuda [steps=300]
+// Prints a Markdown table. Usage: bench_cuda [steps=300] [--profile [model index=0]]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +62,7 @@ double time_steps(const ExperimentConfig& cfg, int steps, bool graphs, bool fres
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile";
+  const int profiled = argc > 3 ? std::atoi(argv[3]) : 0;  // --profile's model: index into models[]
   if (!cuda::available()) {
     std::fprintf(stderr, "bench_cuda: no CUDA device\n");
     return 1;
@@ -79,16 +80,19 @@ int main(int argc, char** argv) {
        "allow_neg_eigval: true, use_forget_gate: true}"},
       {"Gated DeltaNet [-1,1] (d128 L2 H4)",
        "{model_type: gated_deltanet, hidden_size: 128, num_hidden_layers: 2, num_heads: 4, allow_neg_eigval: true}"},
+      {"Mamba [-1,1] (P1: d128 L2 N16)",
+       "{model_type: mamba, hidden_size: 128, num_hidden_layers: 2, state_size: 16, allow_neg_eigval: true}"},
   };
   if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
     for (int B : {256, 1024}) {
-      ExperimentConfig cfg = config(models[0].yaml, B, steps);
+      ExperimentConfig cfg = config(models[profiled].yaml, B, steps);
       cuda::set_profiling(true);
       time_steps(cfg, 5, false, false);  // warm-up and graph-free setup
       cuda::reset_profile();
       time_steps(cfg, steps, false, false);
       cuda::set_profiling(false);
-      std::printf("\nper-op device time, %s, batch %d, T 40 (ms per step, synchronised per op)\n\n", models[0].name, B);
+      std::printf("\nper-op device time, %s, batch %d, T 40 (ms per step, synchronised per op)\n\n",
+                  models[profiled].name, B);
       std::printf("| op | ms/step | calls/step |\n|---|---|---|\n");
       double total = 0;
       auto prof = cuda::profile();

@@ -15,6 +15,7 @@
 #include "ops/l2norm/l2norm.h"
 #include "ops/linear/linear.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "ops/selective_scan/selective_scan.h"
 #include "ops/short_conv/short_conv.h"
 #include "ops/swiglu/swiglu.h"
 #ifdef LRNN_WITH_CUDA
@@ -28,6 +29,7 @@
 #include "ops/l2norm/l2norm_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
+#include "ops/selective_scan/selective_scan_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
 #endif
@@ -41,6 +43,8 @@ namespace lrnn {
   X(forget_gate_forward) X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward)   \
   X(delta_rule_forward) X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward)                   \
   X(cross_entropy_backward) X(add_inplace) X(zero)
+// ... and those Mamba adds (row-major strided GEMM, selective scan).
+#define LRNN_MAMBA_OPS(X) X(gemm) X(selective_scan_forward) X(selective_scan_backward)
 
 template <class T>
 struct CpuOps {
@@ -50,6 +54,7 @@ struct CpuOps {
   template <class... A>   \
   static decltype(auto) name(A&&... a) { return ops::name<T>(std::forward<A>(a)...); }
   LRNN_MODEL_OPS(LRNN_CPU_OP)
+  LRNN_MAMBA_OPS(LRNN_CPU_OP)
 #undef LRNN_CPU_OP
   // Mean loss over counted labels, returned to the host (and kept in *loss).
   static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
@@ -70,6 +75,7 @@ struct CudaOps {
     return ops::cuda::name(std::forward<A>(a)...);    \
   }
   LRNN_MODEL_OPS(LRNN_CUDA_OP)
+  LRNN_MAMBA_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
   // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
   static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {

@@ -22,9 +22,12 @@
 //     (PyTorch's kaiming_uniform(a=√5)), out_proj divided by sqrt(L) if rescale_prenorm_residual;
 //   embeddings, in_proj, x_proj, lm_head ~ N(0, initializer_range); in/out_proj biases 0.
 // No weight decay on norm weights, biases, A_log and D (mamba_ssm's `_no_weight_decay`).
+//
+// The network is written once (MambaCore, over models/backend.h's ops): Mamba<T> runs it on the
+// CPU reference ops, MambaDevice (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
-#include "core/arena.h"
 #include "io/schema.h"
+#include "models/backend.h"
 #include "models/model.h"
 #include "ops/selective_scan/selective_scan.h"
 
@@ -57,23 +60,41 @@ struct MambaConfig {
   int dt_rank() const { return time_step_rank > 0 ? time_step_rank : (hidden_size + 15) / 16; }
 };
 
-template <class T>
-class Mamba final : public Model<T> {
- public:
-  Mamba(const MambaConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override;
-  const T* logits() const override { return acts_.logits; }
-  int vocab_size() const override { return cfg_.vocab_size; }
-  nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
-  const MambaConfig& config() const { return cfg_; }
-
- private:
+// Where the network's pieces sit: parameter offsets in the flat buffer (HF's names, see the
+// constructor of Mamba) and the scan's dimensions. Backend-independent.
+struct MambaLayout {
   static constexpr size_t kNone = size_t(-1);  // an absent (optional) tensor
   struct LayerParams {
     size_t norm, in_proj, in_bias, conv, conv_bias, x_proj, dt_proj, dt_bias, A_log, D, out_proj, out_bias;
   };
+  MambaConfig cfg;
+  std::vector<LayerParams> layers;
+  size_t emb = 0, norm = 0, head = 0;
+  ops::SelectiveScanDims dims(int B, int T_) const;
+  // The parameter (or gradient) at `off` in the flat buffer `base`, null when absent.
+  template <class T> static T* opt(T* base, size_t off) { return off == kNone ? nullptr : base + off; }
+};
+
+// The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
+// parameter and gradient buffers in that backend's memory (the shape of DeltaLMCore).
+template <class T, class Ops>
+class MambaCore {
+ public:
+  explicit MambaCore(const MambaLayout& net) : net_(net) {}
+  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
+  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
+  // device it stays in loss() and NaN is returned.
+  double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+  // Accumulates the gradients of the last forward (which had labels) into G.
+  void backward(const T* P, T* G);
+  // Sizes both arenas for a (B, T) step without running it.
+  void reserve(int B, int T_, bool train);
+  const T* logits() const { return acts_.logits; }
+  const T* loss() const { return acts_.loss; }
+  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ private:
   struct LayerActs {
     T *h, *rstd, *x1;
     T* xz;    // [N, 2Di]   in_proj output: x | z
@@ -85,21 +106,41 @@ class Mamba final : public Model<T> {
   };
   struct Acts {
     std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits;
+    T *hout, *rstdf, *xf, *logits, *loss;
+  };
+  struct Grads {
+    T *dh, *dx1, *dy, *dxz, *dxc, *ddbc, *ddtr, *dlogits;
   };
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
-  ops::SelectiveScanDims dims(int B, int T_) const;
-  ops::SelectiveScanInputs<T> scan_inputs(const LayerActs& a, const LayerParams& w) const;
-  const T* opt(size_t off) const { return off == kNone ? nullptr : this->params.data() + off; }
-  T* gopt(size_t off) { return off == kNone ? nullptr : this->grads.data() + off; }
+  template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
+  ops::SelectiveScanInputs<T> scan_inputs(const LayerActs& a, const T* P, const MambaLayout::LayerParams& w) const;
 
-  MambaConfig cfg_;
-  std::vector<LayerParams> lp_;
-  size_t emb_, norm_, head_;
-  Arena arena_, grad_arena_;
+  const MambaLayout& net_;
+  typename Ops::Arena arena_, grad_arena_;
   Acts acts_{};
+  Grads g_{};
+  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
+  int Bc_ = 0, Tc_ = 0;   // shape of the last forward
+  bool trained_ = false;  // the last forward kept what backward needs
+};
+
+template <class T>
+class Mamba final : public Model<T> {
+ public:
+  Mamba(const MambaConfig& cfg, uint64_t seed);
+  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  int vocab_size() const override { return net_.cfg.vocab_size; }
+  nlohmann::json hf_config() const override;
+  YAML::Node resolved_config() const override;
+  const MambaConfig& config() const { return net_.cfg; }
+  const MambaLayout& net() const { return net_; }
+
+ private:
+  MambaLayout net_;
+  MambaCore<T, CpuOps<T>> core_{net_};
   std::vector<int32_t> tokens_, labels_;
-  int Bc_ = 0, Tc_ = 0;  // shape of the last forward
 };
 
 }  // namespace lrnn

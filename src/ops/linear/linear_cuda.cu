@@ -17,8 +17,7 @@ void check(cublasStatus_t s, const char* what) {
 
 // Column-major C[m,n] = alpha op(A) op(B) + beta C with fp32 storage and the context's precision.
 void sgemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A, int lda, const float* B,
-           int ldb, float beta, float* C, int ldc) {
-  const float alpha = 1.0f;
+           int ldb, float beta, float* C, int ldc, float alpha = 1.0f) {
   check(cublasGemmEx(handle(), ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C, CUDA_R_32F,
                      ldc,
                      lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -49,6 +48,16 @@ __global__ void bias_grad(float* dbias, const float* dout, int N, int OC) {
 }
 
 }  // namespace
+
+void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  // Row-major C[M,N] is column-major C^T (N x M, leading dimension ldc), and
+  // C^T = alpha op(B)^T op(A)^T + beta C^T, where the column-major view of row-major B is B^T:
+  // op(B)^T is that view as is when B is not transposed, and its transpose otherwise.
+  sgemm(transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, B, ldb, A, lda, beta, C, ldc,
+        alpha);
+}
 
 void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC) {
   if (bias) {
