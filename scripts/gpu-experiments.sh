@@ -10,7 +10,15 @@ BIN=${1:-build-gpu}
 OUT=${2:-gpu-experiments-out}
 mkdir -p "$OUT"
 runs=$(mktemp -d)
-for grid in gpu_parity_p1:18 gpu_mod_arith_public:6; do
+# GRIDS: name:jobs pairs (default: the two grids above). With MPS=1 the runs share the GPU
+# through the CUDA MPS daemon (kernels of different processes overlap) instead of time slices.
+if [[ "${MPS:-0}" == 1 ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/lrnn-mps CUDA_MPS_LOG_DIRECTORY=/tmp/lrnn-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "MPS unavailable: time-sliced"
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+fi
+for grid in ${GRIDS:-gpu_parity_p1:18 gpu_mod_arith_public:6}; do
   name=${grid%%:*}
   jobs=${grid##*:}
   echo "== $name ($jobs jobs)"
