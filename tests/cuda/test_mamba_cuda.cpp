@@ -13,6 +13,7 @@
 #include <fstream>
 #include "../e2e/cli_util.h"
 #include "cuda_test_util.h"
+#include "model_checks.h"
 #include "models/device_model.h"
 #include "ops/linear/linear.h"
 #include "ops/linear/linear_cuda.h"
@@ -289,137 +290,33 @@ TEST(MambaCuda, ScanLongSequence) {
 
 // ---- the whole model ----
 
-namespace {
-
-// max |a - b| / max |b| over a tensor (what fp32 with different summation orders preserves).
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, double(std::fabs(a[i] - b[i])));
-    s = std::max(s, double(std::fabs(b[i])));
-  }
-  return d / (s + 1e-30);
-}
-
-// The DeviceModel against the CPU float model: logits, loss, every parameter gradient, and the
-// inference path's logits (as compare_model in test_model_cuda.cpp).
-void compare_mamba(const std::string& yaml, double tol, int B = 6, int T = 37) {
-  cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
-  YAML::Node block = YAML::Load(yaml);
-  auto cpu = create_model<float>(block, "test", 7);
-  const int V = cpu->vocab_size();
-  std::vector<int32_t> tok(size_t(B) * T), lab(size_t(B) * T);
-  Rng r{11, 0};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.u32(2 * i) % uint32_t(V));
-    lab[i] = (i % 5 == 3) ? -1 : int32_t(r.u32(2 * i + 1) % uint32_t(V));
-  }
-  auto dev = to_device(*cpu, block["model_type"].as<std::string>());
-  double loss = cpu->forward(tok.data(), lab.data(), B, T);
-  std::fill(cpu->grads.begin(), cpu->grads.end(), 0.f);
-  cpu->backward();
-  auto gtok = to_device(tok), glab = to_device(lab);
-  dev->grads.zero();
-  dev->forward(gtok.data(), glab.data(), B, T);
-  dev->backward();
-  cuda::synchronize();
-  std::vector<float> logits(size_t(B) * T * V), gloss(1);
-  LRNN_CUDA_CHECK(cudaMemcpy(logits.data(), dev->logits(), logits.size() * 4, cudaMemcpyDeviceToHost));
-  LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
-  EXPECT_LT(rel_err(logits.data(), cpu->logits(), logits.size()), tol) << yaml;
-  EXPECT_NEAR(gloss[0], loss, tol * loss) << yaml;
-  auto grads = dev->grads.download();
-  for (auto& e : cpu->layout().entries())
-    EXPECT_LT(rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel), 20 * tol)
-        << e.name << " in " << yaml;
-  // A second step on the same buffers accumulates the same gradients again.
-  dev->forward(gtok.data(), glab.data(), B, T);
-  dev->backward();
-  cuda::synchronize();
-  auto grads2 = dev->grads.download();
-  std::vector<float> twice(cpu->grads.size());
-  for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * cpu->grads[i];
-  for (auto& e : cpu->layout().entries())
-    EXPECT_LT(rel_err(grads2.data() + e.offset, twice.data() + e.offset, e.numel), 20 * tol)
-        << e.name << " (second step) in " << yaml;
-  // Inference on its own buffers gives the same logits.
-  dev->infer(gtok.data(), B, T);
-  cuda::synchronize();
-  std::vector<float> inf(logits.size());
-  LRNN_CUDA_CHECK(cudaMemcpy(inf.data(), dev->infer_logits(), inf.size() * 4, cudaMemcpyDeviceToHost));
-  EXPECT_LT(rel_err(inf.data(), cpu->logits(), inf.size()), tol) << yaml;
-  cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
-}
-
-}  // namespace
 
 TEST(MambaCuda, ModelUnitMatchesCpu) {
   LRNN_REQUIRE_GPU();
-  compare_mamba("{model_type: mamba, vocab_size: 5, hidden_size: 64, state_size: 16, num_hidden_layers: 2, "
+  compare_model("{model_type: mamba, vocab_size: 5, hidden_size: 64, state_size: 16, num_hidden_layers: 2, "
                 "allow_neg_eigval: false}", 1e-4);
   // Biases in in_proj/out_proj, no conv bias, an odd dt_rank and state size.
-  compare_mamba("{model_type: mamba, vocab_size: 7, hidden_size: 48, state_size: 6, num_hidden_layers: 2, "
+  compare_model("{model_type: mamba, vocab_size: 7, hidden_size: 48, state_size: 6, num_hidden_layers: 2, "
                 "expand: 3, conv_kernel: 3, time_step_rank: 5, use_bias: true, use_conv_bias: false, "
                 "allow_neg_eigval: false}", 1e-4);
 }
 
 TEST(MambaCuda, ModelSignedMatchesCpu) {
   LRNN_REQUIRE_GPU();
-  compare_mamba("{model_type: mamba, vocab_size: 5, hidden_size: 64, state_size: 16, num_hidden_layers: 2, "
+  compare_model("{model_type: mamba, vocab_size: 5, hidden_size: 64, state_size: 16, num_hidden_layers: 2, "
                 "allow_neg_eigval: true}", 1e-4);
   // The P1 model's shape (d = 128, d_state 16), fewer tokens.
-  compare_mamba("{model_type: mamba, vocab_size: 3, hidden_size: 128, state_size: 16, num_hidden_layers: 2, "
+  compare_model("{model_type: mamba, vocab_size: 3, hidden_size: 128, state_size: 16, num_hidden_layers: 2, "
                 "allow_neg_eigval: true}", 1e-4, 4, 40);
   // State size 24: states over two lanes per channel.
-  compare_mamba("{model_type: mamba, vocab_size: 5, hidden_size: 32, state_size: 24, num_hidden_layers: 1, "
+  compare_model("{model_type: mamba, vocab_size: 5, hidden_size: 32, state_size: 24, num_hidden_layers: 1, "
                 "allow_neg_eigval: true, use_bias: true}", 1e-4);
 }
 
-namespace {
 
-std::vector<double> losses_of(const fs::path& dir) {
-  std::ifstream in(dir / "metrics.jsonl");
-  std::vector<double> v;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") v.push_back(j["loss"]);
-  }
-  return v;
-}
-
-ExperimentConfig mamba_run(const std::string& device, int steps) {
-  YAML::Node root = YAML::Load(R"(
-training: {num_steps: 30, batch_size: 32, lr: 3.0e-3, warmup_steps: 5, weight_decay: 0.1, grad_clip: 1.0,
-           checkpoint_every: 0, num_threads: 1}
-model: {model_type: mamba, hidden_size: 64, state_size: 16, num_hidden_layers: 2, allow_neg_eigval: true}
-task: {name: parity, train_len: [3, 40], eval_len: [40, 64], eval_samples: 256}
-logging: {log_every: 1, progress: none}
-)");
-  root["training"]["device"] = device;
-  root["training"]["num_steps"] = steps;
-  return ExperimentConfig::from_yaml(root, "test_mamba_cuda");
-}
-
-}  // namespace
-
-// 30 Mamba [-1,1] steps on the GPU (graphs, device AdamW with clipping, fp32 GEMMs) follow the
-// CPU run's losses (the tolerance grows with the step: fp32 rounding separates the runs slowly).
+// 30 Mamba [-1,1] steps on the GPU follow the CPU run's losses.
 TEST(MambaCuda, TrainingTracksCpuLossTrajectory) {
   LRNN_REQUIRE_GPU();
-  setenv("LRNN_CUDA_TF32", "0", 1);
-  TrainOptions o;
-  o.quiet = true;
-  o.out_dir = test::temp_dir("mamba_traj_cpu");
-  train(mamba_run("cpu", 30), o);
-  auto cpu = losses_of(o.out_dir);
-  o.out_dir = test::temp_dir("mamba_traj_gpu");
-  TrainSummary s = train(mamba_run("cuda", 30), o);
-  auto gpu = losses_of(o.out_dir);
-  unsetenv("LRNN_CUDA_TF32");
-  ASSERT_EQ(cpu.size(), 30u);
-  ASSERT_EQ(gpu.size(), 30u);
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 + 1e-4 * double(i)) << "step " << i + 1;
-  EXPECT_TRUE(fs::exists(o.out_dir / "model.safetensors"));
-  EXPECT_TRUE(s.eval.contains("scaled_accuracy"));
+  expect_gpu_tracks_cpu("{model_type: mamba, hidden_size: 64, state_size: 16, num_hidden_layers: 2, allow_neg_eigval: true}",
+                        "mamba");
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include "../e2e/cli_util.h"
 #include "cuda_test_util.h"
+#include "model_checks.h"
 #include "models/device_model.h"
 #include "train/trainer.h"
 
@@ -12,57 +13,6 @@ using namespace lrnn;
 using namespace lrnn::testing;
 namespace fs = std::filesystem;
 
-namespace {
-
-// max |a - b| / max |b| over a tensor (what fp32 with different summation orders preserves).
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, double(std::fabs(a[i] - b[i])));
-    s = std::max(s, double(std::fabs(b[i])));
-  }
-  return d / (s + 1e-30);
-}
-
-void compare_model(const std::string& yaml, double tol) {
-  cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
-  YAML::Node block = YAML::Load(yaml);
-  auto cpu = create_model<float>(block, "test", 7);
-  const int B = 6, T = 37, V = cpu->vocab_size();
-  std::vector<int32_t> tok(B * T), lab(B * T);
-  Rng r{11, 0};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.u32(2 * i) % uint32_t(V));
-    lab[i] = (i % 5 == 3) ? -1 : int32_t(r.u32(2 * i + 1) % uint32_t(V));
-  }
-  auto dev = to_device(*cpu, block["model_type"].as<std::string>());
-  double loss = cpu->forward(tok.data(), lab.data(), B, T);
-  std::fill(cpu->grads.begin(), cpu->grads.end(), 0.f);
-  cpu->backward();
-  auto gtok = to_device(tok), glab = to_device(lab);
-  dev->grads.zero();
-  dev->forward(gtok.data(), glab.data(), B, T);
-  dev->backward();
-  cuda::synchronize();
-  std::vector<float> logits(size_t(B) * T * V), gloss(1);
-  LRNN_CUDA_CHECK(cudaMemcpy(logits.data(), dev->logits(), logits.size() * 4, cudaMemcpyDeviceToHost));
-  LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
-  EXPECT_LT(rel_err(logits.data(), cpu->logits(), logits.size()), tol) << yaml;
-  EXPECT_NEAR(gloss[0], loss, tol * loss) << yaml;
-  auto grads = dev->grads.download();
-  for (auto& e : cpu->layout().entries())
-    EXPECT_LT(rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel), 20 * tol)
-        << e.name << " in " << yaml;
-  // Inference on its own buffers gives the same logits.
-  dev->infer(gtok.data(), B, T);
-  cuda::synchronize();
-  std::vector<float> inf(logits.size());
-  LRNN_CUDA_CHECK(cudaMemcpy(inf.data(), dev->infer_logits(), inf.size() * 4, cudaMemcpyDeviceToHost));
-  EXPECT_LT(rel_err(inf.data(), cpu->logits(), inf.size()), tol) << yaml;
-  cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
-}
-
-}  // namespace
 
 TEST(ModelCuda, DeltaNetMatchesCpu) {
   LRNN_REQUIRE_GPU();
@@ -90,52 +40,19 @@ TEST(ModelCuda, ModelWithoutCudaPathIsAUserError) {
 
 namespace {
 
-std::vector<double> losses_of(const fs::path& dir) {
-  std::ifstream in(dir / "metrics.jsonl");
-  std::vector<double> v;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == "train") v.push_back(j["loss"]);
-  }
-  return v;
-}
-
 ExperimentConfig small_run(const std::string& device, int steps) {
-  YAML::Node root = YAML::Load(R"(
-training: {num_steps: 30, batch_size: 32, lr: 3.0e-3, warmup_steps: 5, weight_decay: 0.1, grad_clip: 1.0,
-           checkpoint_every: 0, num_threads: 1}
-model: {model_type: delta_net, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, allow_neg_eigval: true}
-task: {name: parity, train_len: [3, 40], eval_len: [40, 64], eval_samples: 256}
-logging: {log_every: 1, progress: none}
-)");
-  root["training"]["device"] = device;
-  root["training"]["num_steps"] = steps;
-  return ExperimentConfig::from_yaml(root, "test_model_cuda");
+  return short_run("{model_type: delta_net, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, allow_neg_eigval: true}",
+                   device, steps);
 }
 
 }  // namespace
 
-// 30 steps on the GPU (graphs, device AdamW with clipping, fp32 GEMMs) follow the CPU run's
-// losses; the trajectories separate slowly through fp32 rounding, so the tolerance grows with
-// the step.
+// 30 DeltaNet [-1,1] steps on the GPU follow the CPU run's losses.
 TEST(ModelCuda, TrainingTracksCpuLossTrajectory) {
   LRNN_REQUIRE_GPU();
-  setenv("LRNN_CUDA_TF32", "0", 1);
-  TrainOptions o;
-  o.quiet = true;
-  o.out_dir = test::temp_dir("cuda_traj_cpu");
-  train(small_run("cpu", 30), o);
-  auto cpu = losses_of(o.out_dir);
-  o.out_dir = test::temp_dir("cuda_traj_gpu");
-  TrainSummary s = train(small_run("cuda", 30), o);
-  auto gpu = losses_of(o.out_dir);
-  unsetenv("LRNN_CUDA_TF32");
-  ASSERT_EQ(cpu.size(), 30u);
-  ASSERT_EQ(gpu.size(), 30u);
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 + 1e-4 * double(i)) << "step " << i + 1;
-  EXPECT_TRUE(fs::exists(o.out_dir / "model.safetensors"));
-  EXPECT_TRUE(s.eval.contains("scaled_accuracy"));
+  expect_gpu_tracks_cpu("{model_type: delta_net, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
+                        "allow_neg_eigval: true}",
+                        "deltanet");
 }
 
 // A GPU run killed (SIGKILL, fault injection) and resumed with `lrnn train --resume` continues
