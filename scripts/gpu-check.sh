@@ -39,6 +39,8 @@ pack() {
   # OpenBLAS alone is 36 MB: compressed, the pack stays well under what a device call carries.
   tar cJf "$dir/lib.tar.xz" -C "$dir" lib && rm -rf "$dir/lib"
   echo "$(cd "$ROOT" && pwd)" >"$dir/BUILT_IN"
+  echo "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src tests bench || echo +changes)" \
+    >"$dir/COMMIT"
   du -sh "$dir"
 }
 
@@ -50,7 +52,7 @@ run_checks() {
     echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
     echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo unknown)"
-    echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit: $(cat "$bin/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
   } >"$sum"
 
