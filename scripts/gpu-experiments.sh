@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 BIN=${1:-build-gpu}
 OUT=${2:-gpu-experiments-out}
 mkdir -p "$OUT"
-runs=$(mktemp -d)
+runs=${RUNS_DIR:-$(mktemp -d)}  # RUNS_DIR: continue earlier sweeps (finished runs are skipped)
+mkdir -p "$runs"
 # GRIDS: name:jobs pairs (default: the two grids above). With MPS=1 the runs share the GPU
 # through the CUDA MPS daemon (kernels of different processes overlap) instead of time slices.
 if [[ "${MPS:-0}" == 1 ]]; then
