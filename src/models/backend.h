@@ -11,12 +11,18 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 #include "ops/forget_gate/forget_gate.h"
+#include "ops/geglu/geglu.h"
 #include "ops/gated_rmsnorm/gated_rmsnorm.h"
+#include "ops/headwise_linear/headwise_linear.h"
 #include "ops/l2norm/l2norm.h"
+#include "ops/layernorm/layernorm.h"
 #include "ops/linear/linear.h"
+#include "ops/mlstm_cell/mlstm_cell.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/selective_scan/selective_scan.h"
 #include "ops/short_conv/short_conv.h"
+#include "ops/skip_gate/skip_gate.h"
+#include "ops/slstm_cell/slstm_cell.h"
 #include "ops/swiglu/swiglu.h"
 #ifdef LRNN_WITH_CUDA
 #include "cuda/arena.h"
@@ -25,12 +31,18 @@
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
 #include "ops/forget_gate/forget_gate_cuda.h"
+#include "ops/geglu/geglu_cuda.h"
 #include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
+#include "ops/headwise_linear/headwise_linear_cuda.h"
 #include "ops/l2norm/l2norm_cuda.h"
+#include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/mlstm_cell/mlstm_cell_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/selective_scan/selective_scan_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
+#include "ops/skip_gate/skip_gate_cuda.h"
+#include "ops/slstm_cell/slstm_cell_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
 #endif
 
@@ -45,6 +57,11 @@ namespace lrnn {
   X(cross_entropy_backward) X(add_inplace) X(zero)
 // ... and those Mamba adds (row-major strided GEMM, selective scan).
 #define LRNN_MAMBA_OPS(X) X(gemm) X(selective_scan_forward) X(selective_scan_backward)
+// ... and those the xLSTMs add (LayerNorm, block-diagonal linear, GELU gate, the two cells).
+#define LRNN_XLSTM_OPS(X)                                                                       \
+  X(layernorm_forward) X(layernorm_backward) X(headwise_linear_forward) X(headwise_linear_backward) \
+  X(geglu_forward) X(geglu_backward) X(skip_gate_forward) X(skip_gate_backward) X(slstm_forward)    \
+  X(slstm_backward) X(mlstm_forward) X(mlstm_backward)
 
 template <class T>
 struct CpuOps {
@@ -55,6 +72,7 @@ struct CpuOps {
   static decltype(auto) name(A&&... a) { return ops::name<T>(std::forward<A>(a)...); }
   LRNN_MODEL_OPS(LRNN_CPU_OP)
   LRNN_MAMBA_OPS(LRNN_CPU_OP)
+  LRNN_XLSTM_OPS(LRNN_CPU_OP)
 #undef LRNN_CPU_OP
   // Mean loss over counted labels, returned to the host (and kept in *loss).
   static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
@@ -76,6 +94,7 @@ struct CudaOps {
   }
   LRNN_MODEL_OPS(LRNN_CUDA_OP)
   LRNN_MAMBA_OPS(LRNN_CUDA_OP)
+  LRNN_XLSTM_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
   // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
   static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {

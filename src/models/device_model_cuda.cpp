@@ -2,6 +2,7 @@
 #include "core/check.h"
 #include "models/delta_lm.h"
 #include "models/mamba.h"
+#include "models/xlstm.h"
 
 namespace lrnn {
 
@@ -43,8 +44,10 @@ std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::stri
   if (auto* m = dynamic_cast<const DeltaLM<float>*>(&host))
     return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore>>(*m);
   if (auto* m = dynamic_cast<const Mamba<float>*>(&host)) return std::make_unique<CoreDevice<MambaLayout, MambaCore>>(*m);
+  // xLSTM: mLSTM or sLSTM blocks.
+  if (auto* m = dynamic_cast<const XLSTM<float>*>(&host)) return std::make_unique<CoreDevice<XLSTMLayout, XLSTMCore>>(*m);
   LRNN_USER_ERROR("model.model_type: '{}' has no CUDA path yet (CUDA: delta_net, gated_deltanet, "
-                  "gated_deltaproduct, mamba); train it with training.device: cpu",
+                  "gated_deltaproduct, mamba, mlstm, slstm); train it with training.device: cpu",
                   model_type);
 }
 

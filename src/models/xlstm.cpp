@@ -75,7 +75,8 @@ void XLSTMConfig::validate(const io::Schema& s) const {
 }
 
 template <class T>
-XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) : cfg_(cfg) {
+XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) {
+  net_.cfg = cfg;
   const int64_t d = cfg.embedding_dim, V = cfg.vocab_size, NH = cfg.num_heads, K = cfg.conv1d_kernel_size;
   const int L = cfg.num_blocks;
   // The package's initialisations: small_init N(0, sqrt(2/(5d))), wang_init N(0, 2/(L sqrt d)),
@@ -91,10 +92,10 @@ XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) : cfg_(cfg) {
   auto add = [&](const std::string& name, std::vector<int64_t> shape, Init init, double scale, bool pad = true) {
     return lay.add(name, std::move(shape), init, scale, decays(name), pad);
   };
-  emb_ = lay.add("token_embedding.weight", {V, d}, Init::Normal, small, cfg.weight_decay_on_embedding);
+  net_.emb = lay.add("token_embedding.weight", {V, d}, Init::Normal, small, cfg.weight_decay_on_embedding);
   for (int l = 0; l < L; ++l) {
     const std::string p = fmt::format("xlstm_block_stack.blocks.{}.", l);
-    BlockParams x{};
+    XLSTMLayout::BlockParams x{};
     x.norm = add(p + "xlstm_norm.weight", {d}, Init::Zeros, 0);
     if (cfg.is_mlstm()) {
       const int64_t I = cfg.inner_dim(), bs = cfg.qkv_proj_blocksize, nb = I / bs;
@@ -139,10 +140,10 @@ XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) : cfg_(cfg) {
       x.ffn_up = add(p + "ffn.proj_up.weight", {2 * U, d}, Init::Normal, small);
       x.ffn_down = add(p + "ffn.proj_down.weight", {d, U}, Init::Normal, wang);
     }
-    bp_.push_back(x);
+    net_.blocks.push_back(x);
   }
-  post_norm_ = add("xlstm_block_stack.post_blocks_norm.weight", {d}, Init::Zeros, 0);
-  head_ = add("lm_head.weight", {V, d}, Init::Normal, small);
+  net_.post_norm = add("xlstm_block_stack.post_blocks_norm.weight", {d}, Init::Zeros, 0);
+  net_.head = add("lm_head.weight", {V, d}, Init::Normal, small);
   this->allocate();
   init_params(lay, this->params.data(), seed);
 
@@ -151,11 +152,11 @@ XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) : cfg_(cfg) {
   for (int l = 0; l < L; ++l) {
     T* P = this->params.data();
     if (cfg.is_mlstm()) {
-      for (int h = 0; h < NH; ++h) P[bp_[l].gates_b + NH + h] = T(linspace(3.0, 6.0, int(NH), h));
+      for (int h = 0; h < NH; ++h) P[net_.blocks[l].gates_b + NH + h] = T(linspace(3.0, 6.0, int(NH), h));
       continue;
     }
     const int DH = int(d / NH);
-    T* b = P + bp_[l].cbias;  // [NH][4 gates i,f,z,o][DH]
+    T* b = P + net_.blocks[l].cbias;  // [NH][4 gates i,f,z,o][DH]
     const double ratio = L > 1 ? double(l) / (L - 1) : 0.0;
     Rng r{seed, 5000 + uint64_t(l)};
     for (int h = 0; h < NH; ++h)
@@ -175,31 +176,42 @@ XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) : cfg_(cfg) {
 }
 
 template <class T>
-T* XLSTM<T>::xc_of(const BlockActs& a) const {
-  if (cfg_.conv1d_kernel_size) return a.xc;
-  return cfg_.is_mlstm() ? a.up : a.x1;
+double XLSTM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  const size_t N = size_t(B) * T_;
+  tokens_.assign(tokens, tokens + N);
+  if (labels) labels_.assign(labels, labels + N);
+  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
 }
 
-template <class T>
-int XLSTM<T>::xc_ld() const {
-  if (cfg_.conv1d_kernel_size) return cfg_.is_mlstm() ? cfg_.inner_dim() : cfg_.embedding_dim;
-  return cfg_.is_mlstm() ? 2 * cfg_.inner_dim() : cfg_.embedding_dim;
+template <class T, class Ops>
+T* XLSTMCore<T, Ops>::xc_of(const BlockActs& a) const {
+  if (net_.cfg.conv1d_kernel_size) return a.xc;
+  return net_.cfg.is_mlstm() ? a.up : a.x1;
 }
 
-template <class T>
+template <class T, class Ops>
+int XLSTMCore<T, Ops>::xc_ld() const {
+  const XLSTMConfig& cfg = net_.cfg;
+  if (cfg.conv1d_kernel_size) return cfg.is_mlstm() ? cfg.inner_dim() : cfg.embedding_dim;
+  return cfg.is_mlstm() ? 2 * cfg.inner_dim() : cfg.embedding_dim;
+}
+
+template <class T, class Ops>
 template <class Alloc>
-void XLSTM<T>::carve(Alloc& a, int B, int T_, bool train) {
-  const size_t N = size_t(B) * T_, d = cfg_.embedding_dim, NH = cfg_.num_heads, V = cfg_.vocab_size;
-  const bool conv = cfg_.conv1d_kernel_size > 0;
+void XLSTMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
+  const XLSTMConfig& cfg = net_.cfg;
+  const size_t N = size_t(B) * T_, d = cfg.embedding_dim, NH = cfg.num_heads, V = cfg.vocab_size;
+  const bool conv = cfg.conv1d_kernel_size > 0;
   auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, Arena>) return a.template alloc<T>(n);
-    else { a.template add<T>(n); return nullptr; }
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
   };
-  acts_.blocks.assign(cfg_.num_blocks, BlockActs{});
+  acts_.blocks.assign(cfg.num_blocks, BlockActs{});
   for (auto& l : acts_.blocks) {
     l.h = get(N * d); l.mu1 = get(N); l.r1 = get(N); l.x1 = get(N * d);
-    if (cfg_.is_mlstm()) {
-      const size_t I = cfg_.inner_dim();
+    if (cfg.is_mlstm()) {
+      const size_t I = cfg.inner_dim();
       l.up = get(N * 2 * I);
       l.xc = conv ? get(N * I) : nullptr;
       l.qkv = get(N * 3 * I); l.gl = get(N * 2 * NH); l.hc = get(N * I);
@@ -207,7 +219,7 @@ void XLSTM<T>::carve(Alloc& a, int B, int T_, bool train) {
       ops::MLSTMDims md{B, T_, int(NH), int(I / NH)};
       l.ckpt = train ? get(ops::mlstm_ckpt_size(md)) : nullptr;
     } else {
-      const size_t U = cfg_.ffn_dim();
+      const size_t U = cfg.ffn_dim();
       l.xc = conv ? get(N * d) : nullptr;
       l.wx = get(N * 4 * d); l.y = get(N * d);
       ops::SLSTMDims sd{B, T_, int(NH), int(d / NH)};
@@ -217,76 +229,104 @@ void XLSTM<T>::carve(Alloc& a, int B, int T_, bool train) {
     }
   }
   acts_.hout = get(N * d); acts_.muf = get(N); acts_.rf = get(N); acts_.xf = get(N * d); acts_.logits = get(N * V);
+  acts_.loss = get(1);
 }
 
-template <class T>
-void XLSTM<T>::mlstm_forward(int li, int B, int T_) {
+template <class T, class Ops>
+template <class Alloc>
+void XLSTMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
+  const XLSTMConfig& cfg = net_.cfg;
+  const size_t Nn = size_t(B) * T_, d = cfg.embedding_dim, V = cfg.vocab_size, NH = cfg.num_heads;
+  auto get = [&](size_t n) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
+  };
+  g_ = Grads{};
+  g_.dh = get(Nn * d); g_.dx = get(Nn * d); g_.dlogits = get(Nn * V);
+  if (cfg.is_mlstm()) {
+    const size_t I = cfg.inner_dim();
+    g_.dup = get(Nn * 2 * I); g_.dxc = get(Nn * I); g_.dqkv = get(Nn * 3 * I); g_.dgl = get(Nn * 2 * NH);
+    g_.dhc = get(Nn * I); g_.dhn = get(Nn * I); g_.dhs = get(Nn * I);
+  } else {
+    const size_t U = cfg.ffn_dim();
+    g_.dxc = get(Nn * d); g_.dwx = get(Nn * 4 * d); g_.dy = get(Nn * d); g_.dx2 = get(Nn * d);
+    g_.dgu = get(Nn * 2 * U); g_.dact = get(Nn * U);
+  }
+}
+
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::reserve(int B, int T_, bool train) {
+  ArenaPlan plan;
+  carve(plan, B, T_, train);
+  arena_.reserve(plan.bytes);
+  if (train) {
+    ArenaPlan gp;
+    carve_grads(gp, B, T_);
+    grad_arena_.reserve(gp.bytes);
+  }
+}
+
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::mlstm_forward(const T* P, int li, int B, int T_) {
+  const XLSTMConfig& cfg = net_.cfg;
   auto& a = acts_.blocks[li];
-  const auto& w = bp_[li];
-  const T* P = this->params.data();
-  const int N = B * T_, d = cfg_.embedding_dim, I = cfg_.inner_dim(), NH = cfg_.num_heads, K = cfg_.conv1d_kernel_size;
-  const int bs = cfg_.qkv_proj_blocksize, nb = I / bs;
-  auto bias = [&](size_t off) { return cfg_.bias ? P + off : nullptr; };
-  T* next = li + 1 < cfg_.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
-  ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
-  ops::linear_forward<T>(a.up, a.x1, P + w.proj_up, bias(w.proj_up_b), N, d, 2 * I);  // [xm | z]
-  if (K) ops::short_conv_forward(a.xc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b);
+  const auto& w = net_.blocks[li];
+  const int N = B * T_, d = cfg.embedding_dim, I = cfg.inner_dim(), NH = cfg.num_heads, K = cfg.conv1d_kernel_size;
+  const int bs = cfg.qkv_proj_blocksize, nb = I / bs;
+  auto bias = [&](size_t off) -> const T* { return cfg.bias ? P + off : nullptr; };
+  T* next = li + 1 < cfg.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
+  Ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
+  Ops::linear_forward(a.up, a.x1, P + w.proj_up, bias(w.proj_up_b), N, d, 2 * I);  // [xm | z]
+  if (K) Ops::short_conv_forward(a.xc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b);
   const T* xc = xc_of(a);
   const int ldc = xc_ld();
-  ops::headwise_linear_forward(a.qkv, xc, P + w.q, bias(w.q_b), N, nb, bs, bs, ldc, 3 * I);
-  ops::headwise_linear_forward(a.qkv + I, xc, P + w.k, bias(w.k_b), N, nb, bs, bs, ldc, 3 * I);
-  ops::headwise_linear_forward(a.qkv + 2 * I, a.up, P + w.v, bias(w.v_b), N, nb, bs, bs, 2 * I, 3 * I);
-  ops::linear_forward<T>(a.gl, a.qkv, P + w.gates, P + w.gates_b, N, 3 * I, 2 * NH);  // [igate | fgate] preacts
+  Ops::headwise_linear_forward(a.qkv, xc, P + w.q, bias(w.q_b), N, nb, bs, bs, ldc, 3 * I);
+  Ops::headwise_linear_forward(a.qkv + I, xc, P + w.k, bias(w.k_b), N, nb, bs, bs, ldc, 3 * I);
+  Ops::headwise_linear_forward(a.qkv + 2 * I, a.up, P + w.v, bias(w.v_b), N, nb, bs, bs, 2 * I, 3 * I);
+  Ops::linear_forward(a.gl, a.qkv, P + w.gates, P + w.gates_b, N, 3 * I, 2 * NH);  // [igate | fgate] preacts
   ops::MLSTMDims md{B, T_, NH, I / NH, 3 * I, 3 * I, 3 * I, 2 * NH};
-  ops::mlstm_forward(a.hc, a.qkv, a.qkv + I, a.qkv + 2 * I, a.gl, a.gl + NH, md, a.ckpt);
-  ops::layernorm_forward(a.hn, a.mu2, a.r2, a.hc, P + w.outnorm, N, I, NH, kLnEps, kLnOffset);
+  Ops::mlstm_forward(a.hc, a.qkv, a.qkv + I, a.qkv + 2 * I, a.gl, a.gl + NH, md, a.ckpt);
+  Ops::layernorm_forward(a.hn, a.mu2, a.r2, a.hc, P + w.outnorm, N, I, NH, kLnEps, kLnOffset);
   // hs = (hn + skip * xc) * silu(z)
-  const T* skip = P + w.skip;
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const T* __restrict hn = a.hn + size_t(n) * I;
-    const T* __restrict xr = xc + size_t(n) * ldc;
-    const T* __restrict z = a.up + size_t(n) * 2 * I + I;
-    T* __restrict hs = a.hs + size_t(n) * I;
-#pragma omp simd
-    for (int c = 0; c < I; ++c) hs[c] = (hn[c] + skip[c] * xr[c]) * ops::silu(z[c]);
-  }
-  ops::linear_forward<T>(next, a.hs, P + w.proj_down, bias(w.proj_down_b), N, I, d);
-  for (size_t i = 0; i < size_t(N) * d; ++i) next[i] += a.h[i];
+  Ops::skip_gate_forward(a.hs, a.hn, xc, P + w.skip, a.up + I, N, I, ldc, 2 * I);
+  Ops::linear_forward(next, a.hs, P + w.proj_down, bias(w.proj_down_b), N, I, d);
+  Ops::add_inplace(next, a.h, size_t(N) * d);
 }
 
-template <class T>
-void XLSTM<T>::slstm_forward(int li, int B, int T_) {
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::slstm_forward(const T* P, int li, int B, int T_) {
+  const XLSTMConfig& cfg = net_.cfg;
   auto& a = acts_.blocks[li];
-  const auto& w = bp_[li];
-  const T* P = this->params.data();
-  const int N = B * T_, d = cfg_.embedding_dim, NH = cfg_.num_heads, DH = d / NH, K = cfg_.conv1d_kernel_size;
-  const int U = cfg_.ffn_dim();
-  T* next = li + 1 < cfg_.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
-  ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
-  if (K) ops::short_conv_forward(a.xc, a.x1, P + w.conv, B, T_, d, K, d, d, P + w.conv_b);
+  const auto& w = net_.blocks[li];
+  const int N = B * T_, d = cfg.embedding_dim, NH = cfg.num_heads, DH = d / NH, K = cfg.conv1d_kernel_size;
+  const int U = cfg.ffn_dim();
+  T* next = li + 1 < cfg.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
+  Ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
+  if (K) Ops::short_conv_forward(a.xc, a.x1, P + w.conv, B, T_, d, K, d, d, P + w.conv_b);
   const T* xc = xc_of(a);
   // Gate slots i, f, z, o of Wx: as the package's forward, `fgate` feeds i and `igate` feeds f.
-  ops::headwise_linear_forward<T>(a.wx, xc, P + w.fgate, nullptr, N, NH, DH, DH, d, 4 * d);
-  ops::headwise_linear_forward<T>(a.wx + d, xc, P + w.igate, nullptr, N, NH, DH, DH, d, 4 * d);
-  ops::headwise_linear_forward<T>(a.wx + 2 * d, a.x1, P + w.zgate, nullptr, N, NH, DH, DH, d, 4 * d);
-  ops::headwise_linear_forward<T>(a.wx + 3 * d, a.x1, P + w.ogate, nullptr, N, NH, DH, DH, d, 4 * d);
+  const T* none = nullptr;
+  Ops::headwise_linear_forward(a.wx, xc, P + w.fgate, none, N, NH, DH, DH, d, 4 * d);
+  Ops::headwise_linear_forward(a.wx + d, xc, P + w.igate, none, N, NH, DH, DH, d, 4 * d);
+  Ops::headwise_linear_forward(a.wx + 2 * d, a.x1, P + w.zgate, none, N, NH, DH, DH, d, 4 * d);
+  Ops::headwise_linear_forward(a.wx + 3 * d, a.x1, P + w.ogate, none, N, NH, DH, DH, d, 4 * d);
   ops::SLSTMDims sd{B, T_, NH, DH, 4 * d};
-  ops::slstm_forward(a.y, a.wx, P + w.rkernel, P + w.cbias, sd, a.saved);
-  ops::layernorm_forward(a.hmid, a.mu2, a.r2, a.y, cfg_.group_norm_weight ? P + w.gnorm : nullptr, N, d, NH, kLnEps,
+  Ops::slstm_forward(a.y, a.wx, P + w.rkernel, P + w.cbias, sd, a.saved);
+  Ops::layernorm_forward(a.hmid, a.mu2, a.r2, a.y, cfg.group_norm_weight ? P + w.gnorm : none, N, d, NH, kLnEps,
                          kLnOffset);
-  for (size_t i = 0; i < size_t(N) * d; ++i) a.hmid[i] += a.h[i];
-  ops::layernorm_forward(a.x2, a.mu3, a.r3, a.hmid, P + w.ffn_norm, N, d, 1, kLnEps, kLnOffset);
-  ops::linear_forward<T>(a.gu, a.x2, P + w.ffn_up, nullptr, N, d, 2 * U);  // [gate | up]
-  ops::geglu_forward(a.act, a.gu, a.gu + U, N, U, 2 * U);
-  ops::linear_forward<T>(next, a.act, P + w.ffn_down, nullptr, N, U, d);
-  for (size_t i = 0; i < size_t(N) * d; ++i) next[i] += a.hmid[i];
+  Ops::add_inplace(a.hmid, a.h, size_t(N) * d);
+  Ops::layernorm_forward(a.x2, a.mu3, a.r3, a.hmid, P + w.ffn_norm, N, d, 1, kLnEps, kLnOffset);
+  Ops::linear_forward(a.gu, a.x2, P + w.ffn_up, none, N, d, 2 * U);  // [gate | up]
+  Ops::geglu_forward(a.act, a.gu, a.gu + U, N, U, 2 * U);
+  Ops::linear_forward(next, a.act, P + w.ffn_down, none, N, U, d);
+  Ops::add_inplace(next, a.hmid, size_t(N) * d);
 }
 
-template <class T>
-double XLSTM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
+template <class T, class Ops>
+double XLSTMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
   LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const int N = B * T_, d = cfg_.embedding_dim, V = cfg_.vocab_size;
+  const XLSTMConfig& cfg = net_.cfg;
+  const int N = B * T_, d = cfg.embedding_dim, V = cfg.vocab_size;
   const bool train = labels != nullptr;
   ArenaPlan plan;
   carve(plan, B, T_, train);
@@ -296,180 +336,133 @@ double XLSTM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, in
   Bc_ = B;
   Tc_ = T_;
   trained_ = train;
-  tokens_.assign(tokens, tokens + N);
-  labels_.assign(N, -1);
-  if (labels) labels_.assign(labels, labels + N);
-  const T* P = this->params.data();
-  ops::embedding_forward(acts_.blocks[0].h, tokens, P + emb_, N, d, V);
-  for (int li = 0; li < cfg_.num_blocks; ++li) {
-    if (cfg_.is_mlstm()) mlstm_forward(li, B, T_);
-    else slstm_forward(li, B, T_);
+  tokens_ = tokens;
+  labels_ = labels;
+  Ops::embedding_forward(acts_.blocks[0].h, tokens, P + net_.emb, N, d, V);
+  for (int li = 0; li < cfg.num_blocks; ++li) {
+    if (cfg.is_mlstm()) mlstm_forward(P, li, B, T_);
+    else slstm_forward(P, li, B, T_);
   }
-  ops::layernorm_forward(acts_.xf, acts_.muf, acts_.rf, acts_.hout, P + post_norm_, N, d, 1, kLnEps, kLnOffset);
-  ops::linear_forward<T>(acts_.logits, acts_.xf, P + head_, nullptr, N, d, V);
+  Ops::layernorm_forward(acts_.xf, acts_.muf, acts_.rf, acts_.hout, P + net_.post_norm, N, d, 1, kLnEps, kLnOffset);
+  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, static_cast<const T*>(nullptr), N, d, V);
   if (!labels) return 0.0;
-  return ops::cross_entropy_forward<T>(nullptr, acts_.logits, labels_.data(), N, V);
+  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
 }
 
-template <class T>
-void XLSTM<T>::mlstm_backward(int li, T* dh, int B, int T_) {
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::mlstm_backward(const T* P, T* G, int li, T* dh, int B, int T_) {
+  const XLSTMConfig& cfg = net_.cfg;
   auto& a = acts_.blocks[li];
-  const auto& w = bp_[li];
-  const T* P = this->params.data();
-  T* G = this->grads.data();
-  const int N = B * T_, d = cfg_.embedding_dim, I = cfg_.inner_dim(), NH = cfg_.num_heads, K = cfg_.conv1d_kernel_size;
-  const int bs = cfg_.qkv_proj_blocksize, nb = I / bs;
+  const auto& w = net_.blocks[li];
+  const int N = B * T_, d = cfg.embedding_dim, I = cfg.inner_dim(), NH = cfg.num_heads, K = cfg.conv1d_kernel_size;
+  const int bs = cfg.qkv_proj_blocksize, nb = I / bs;
   const size_t NI = size_t(N) * I;
-  auto gbias = [&](size_t off) { return cfg_.bias ? G + off : nullptr; };
-  auto zero = [](T* p, size_t n) { std::memset(p, 0, n * sizeof(T)); };
+  auto gbias = [&](size_t off) -> T* { return cfg.bias ? G + off : nullptr; };
   // Without a conv, xc is xm itself: its gradient is the xm slot of dup.
   T* dxc = K ? g_.dxc : g_.dup;
   const int ldc = xc_ld();
   const T* xc = xc_of(a);
-  zero(g_.dhs, NI);
-  ops::linear_backward<T>(g_.dhs, G + w.proj_down, gbias(w.proj_down_b), dh, a.hs, P + w.proj_down, N, I, d);
+  Ops::zero(g_.dhs, NI);
+  Ops::linear_backward(g_.dhs, G + w.proj_down, gbias(w.proj_down_b), dh, a.hs, P + w.proj_down, N, I, d);
   // hs = (hn + skip * xc) * silu(z)
-  zero(g_.dup, 2 * NI);
-  if (K) zero(g_.dxc, NI);
-  {
-    const T* skip = P + w.skip;
-    const int nt = omp_get_max_threads();
-    std::vector<T> part(size_t(nt) * I, T(0));  // per-thread d skip, summed in thread order
-#pragma omp parallel num_threads(nt)
-    {
-      T* __restrict mine = part.data() + size_t(omp_get_thread_num()) * I;
-#pragma omp for schedule(static)
-      for (int n = 0; n < N; ++n) {
-        const T* __restrict hn = a.hn + size_t(n) * I;
-        const T* __restrict xr = xc + size_t(n) * ldc;
-        const T* __restrict z = a.up + size_t(n) * 2 * I + I;
-        const T* __restrict ds = g_.dhs + size_t(n) * I;
-        T* __restrict dhn = g_.dhn + size_t(n) * I;
-        T* __restrict dx = dxc + size_t(n) * ldc;
-        T* __restrict dz = g_.dup + size_t(n) * 2 * I + I;
-#pragma omp simd
-        for (int c = 0; c < I; ++c) {
-          const T sz = ops::silu(z[c]), g = ds[c] * sz;
-          dhn[c] = g;
-          mine[c] += g * xr[c];
-          dx[c] += g * skip[c];
-          dz[c] += ds[c] * (hn[c] + skip[c] * xr[c]) * ops::silu_grad(z[c]);
-        }
-      }
-    }
-    for (int t = 0; t < nt; ++t)
-      for (int c = 0; c < I; ++c) G[w.skip + c] += part[size_t(t) * I + c];
-  }
-  zero(g_.dhc, NI);
-  ops::layernorm_backward(g_.dhc, G + w.outnorm, g_.dhn, a.hc, P + w.outnorm, a.mu2, a.r2, N, I, NH, kLnOffset);
-  zero(g_.dqkv, 3 * NI);
-  zero(g_.dgl, size_t(N) * 2 * NH);
+  Ops::zero(g_.dup, 2 * NI);
+  if (K) Ops::zero(g_.dxc, NI);
+  Ops::zero(g_.dhn, NI);
+  Ops::skip_gate_backward(g_.dhn, dxc, G + w.skip, g_.dup + I, g_.dhs, a.hn, xc, P + w.skip, a.up + I, N, I, ldc,
+                          2 * I);
+  Ops::zero(g_.dhc, NI);
+  Ops::layernorm_backward(g_.dhc, G + w.outnorm, g_.dhn, a.hc, P + w.outnorm, a.mu2, a.r2, N, I, NH, kLnOffset);
+  Ops::zero(g_.dqkv, 3 * NI);
+  Ops::zero(g_.dgl, size_t(N) * 2 * NH);
   ops::MLSTMDims md{B, T_, NH, I / NH, 3 * I, 3 * I, 3 * I, 2 * NH};
-  ops::mlstm_backward(g_.dqkv, g_.dqkv + I, g_.dqkv + 2 * I, g_.dgl, g_.dgl + NH, g_.dhc, a.qkv, a.qkv + I,
-                      a.qkv + 2 * I, a.gl, a.gl + NH, md, a.ckpt);
-  ops::linear_backward<T>(g_.dqkv, G + w.gates, G + w.gates_b, g_.dgl, a.qkv, P + w.gates, N, 3 * I, 2 * NH);
-  ops::headwise_linear_backward(dxc, G + w.q, gbias(w.q_b), g_.dqkv, xc, P + w.q, N, nb, bs, bs, ldc, 3 * I);
-  ops::headwise_linear_backward(dxc, G + w.k, gbias(w.k_b), g_.dqkv + I, xc, P + w.k, N, nb, bs, bs, ldc, 3 * I);
-  ops::headwise_linear_backward(g_.dup, G + w.v, gbias(w.v_b), g_.dqkv + 2 * I, a.up, P + w.v, N, nb, bs, bs, 2 * I,
+  Ops::mlstm_backward(g_.dqkv, g_.dqkv + I, g_.dqkv + 2 * I, g_.dgl, g_.dgl + NH, g_.dhc, a.qkv, a.qkv + I,
+                      a.qkv + 2 * I, a.gl, a.gl + NH, md, static_cast<const T*>(a.ckpt));
+  Ops::linear_backward(g_.dqkv, G + w.gates, G + w.gates_b, g_.dgl, a.qkv, P + w.gates, N, 3 * I, 2 * NH);
+  Ops::headwise_linear_backward(dxc, G + w.q, gbias(w.q_b), g_.dqkv, xc, P + w.q, N, nb, bs, bs, ldc, 3 * I);
+  Ops::headwise_linear_backward(dxc, G + w.k, gbias(w.k_b), g_.dqkv + I, xc, P + w.k, N, nb, bs, bs, ldc, 3 * I);
+  Ops::headwise_linear_backward(g_.dup, G + w.v, gbias(w.v_b), g_.dqkv + 2 * I, a.up, P + w.v, N, nb, bs, bs, 2 * I,
                                 3 * I);
   if (K)
-    ops::short_conv_backward(g_.dup, G + w.conv, g_.dxc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b,
+    Ops::short_conv_backward(g_.dup, G + w.conv, g_.dxc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b,
                              G + w.conv_b);
-  zero(g_.dx, size_t(N) * d);
-  ops::linear_backward<T>(g_.dx, G + w.proj_up, gbias(w.proj_up_b), g_.dup, a.x1, P + w.proj_up, N, d, 2 * I);
-  ops::layernorm_backward(dh, G + w.norm, g_.dx, a.h, P + w.norm, a.mu1, a.r1, N, d, 1, kLnOffset);
+  Ops::zero(g_.dx, size_t(N) * d);
+  Ops::linear_backward(g_.dx, G + w.proj_up, gbias(w.proj_up_b), g_.dup, a.x1, P + w.proj_up, N, d, 2 * I);
+  Ops::layernorm_backward(dh, G + w.norm, g_.dx, a.h, P + w.norm, a.mu1, a.r1, N, d, 1, kLnOffset);
 }
 
-template <class T>
-void XLSTM<T>::slstm_backward(int li, T* dh, int B, int T_) {
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::slstm_backward(const T* P, T* G, int li, T* dh, int B, int T_) {
+  const XLSTMConfig& cfg = net_.cfg;
   auto& a = acts_.blocks[li];
-  const auto& w = bp_[li];
-  const T* P = this->params.data();
-  T* G = this->grads.data();
-  const int N = B * T_, d = cfg_.embedding_dim, NH = cfg_.num_heads, DH = d / NH, K = cfg_.conv1d_kernel_size;
-  const int U = cfg_.ffn_dim();
+  const auto& w = net_.blocks[li];
+  const int N = B * T_, d = cfg.embedding_dim, NH = cfg.num_heads, DH = d / NH, K = cfg.conv1d_kernel_size;
+  const int U = cfg.ffn_dim();
   const size_t Nd = size_t(N) * d;
-  auto zero = [](T* p, size_t n) { std::memset(p, 0, n * sizeof(T)); };
+  T* const gnone = nullptr;
+  const T* const none = nullptr;
   // Feed-forward: next = hmid + proj_down(gelu(gate) * up), [gate | up] = proj_up(LN(hmid)).
-  zero(g_.dact, size_t(N) * U);
-  ops::linear_backward<T>(g_.dact, G + w.ffn_down, nullptr, dh, a.act, P + w.ffn_down, N, U, d);
-  zero(g_.dgu, size_t(N) * 2 * U);
-  ops::geglu_backward(g_.dgu, g_.dgu + U, g_.dact, a.gu, a.gu + U, N, U, 2 * U);
-  zero(g_.dx2, Nd);
-  ops::linear_backward<T>(g_.dx2, G + w.ffn_up, nullptr, g_.dgu, a.x2, P + w.ffn_up, N, d, 2 * U);
-  ops::layernorm_backward(dh, G + w.ffn_norm, g_.dx2, a.hmid, P + w.ffn_norm, a.mu3, a.r3, N, d, 1, kLnOffset);
+  Ops::zero(g_.dact, size_t(N) * U);
+  Ops::linear_backward(g_.dact, G + w.ffn_down, gnone, dh, a.act, P + w.ffn_down, N, U, d);
+  Ops::zero(g_.dgu, size_t(N) * 2 * U);
+  Ops::geglu_backward(g_.dgu, g_.dgu + U, g_.dact, a.gu, a.gu + U, N, U, 2 * U);
+  Ops::zero(g_.dx2, Nd);
+  Ops::linear_backward(g_.dx2, G + w.ffn_up, gnone, g_.dgu, a.x2, P + w.ffn_up, N, d, 2 * U);
+  Ops::layernorm_backward(dh, G + w.ffn_norm, g_.dx2, a.hmid, P + w.ffn_norm, a.mu3, a.r3, N, d, 1, kLnOffset);
   // sLSTM layer: hmid = h + GN(slstm(Wx)).
-  const bool gw = cfg_.group_norm_weight;
-  zero(g_.dy, Nd);
-  ops::layernorm_backward(g_.dy, gw ? G + w.gnorm : nullptr, dh, a.y, gw ? P + w.gnorm : nullptr, a.mu2, a.r2, N, d,
-                          NH, kLnOffset);
-  zero(g_.dwx, 4 * Nd);
+  const bool gw = cfg.group_norm_weight;
+  Ops::zero(g_.dy, Nd);
+  Ops::layernorm_backward(g_.dy, gw ? G + w.gnorm : gnone, dh, a.y, gw ? P + w.gnorm : none, a.mu2, a.r2, N, d, NH,
+                          kLnOffset);
+  Ops::zero(g_.dwx, 4 * Nd);
   ops::SLSTMDims sd{B, T_, NH, DH, 4 * d};
-  ops::slstm_backward(g_.dwx, G + w.rkernel, G + w.cbias, g_.dy, a.wx, P + w.rkernel, P + w.cbias, a.y, sd, a.saved);
-  zero(g_.dx, Nd);
+  Ops::slstm_backward(g_.dwx, G + w.rkernel, G + w.cbias, g_.dy, a.wx, P + w.rkernel, P + w.cbias, a.y, sd,
+                      static_cast<const T*>(a.saved));
+  Ops::zero(g_.dx, Nd);
   T* dxc = K ? g_.dxc : g_.dx;
-  if (K) zero(g_.dxc, Nd);
+  if (K) Ops::zero(g_.dxc, Nd);
   const T* xc = xc_of(a);
-  ops::headwise_linear_backward<T>(dxc, G + w.fgate, nullptr, g_.dwx, xc, P + w.fgate, N, NH, DH, DH, d, 4 * d);
-  ops::headwise_linear_backward<T>(dxc, G + w.igate, nullptr, g_.dwx + d, xc, P + w.igate, N, NH, DH, DH, d, 4 * d);
-  ops::headwise_linear_backward<T>(g_.dx, G + w.zgate, nullptr, g_.dwx + 2 * d, a.x1, P + w.zgate, N, NH, DH, DH, d,
-                                   4 * d);
-  ops::headwise_linear_backward<T>(g_.dx, G + w.ogate, nullptr, g_.dwx + 3 * d, a.x1, P + w.ogate, N, NH, DH, DH, d,
-                                   4 * d);
+  Ops::headwise_linear_backward(dxc, G + w.fgate, gnone, g_.dwx, xc, P + w.fgate, N, NH, DH, DH, d, 4 * d);
+  Ops::headwise_linear_backward(dxc, G + w.igate, gnone, g_.dwx + d, xc, P + w.igate, N, NH, DH, DH, d, 4 * d);
+  Ops::headwise_linear_backward(g_.dx, G + w.zgate, gnone, g_.dwx + 2 * d, a.x1, P + w.zgate, N, NH, DH, DH, d,
+                                4 * d);
+  Ops::headwise_linear_backward(g_.dx, G + w.ogate, gnone, g_.dwx + 3 * d, a.x1, P + w.ogate, N, NH, DH, DH, d,
+                                4 * d);
   if (K)
-    ops::short_conv_backward(g_.dx, G + w.conv, g_.dxc, a.x1, P + w.conv, B, T_, d, K, d, d, P + w.conv_b,
+    Ops::short_conv_backward(g_.dx, G + w.conv, g_.dxc, a.x1, P + w.conv, B, T_, d, K, d, d, P + w.conv_b,
                              G + w.conv_b);
-  ops::layernorm_backward(dh, G + w.norm, g_.dx, a.h, P + w.norm, a.mu1, a.r1, N, d, 1, kLnOffset);
+  Ops::layernorm_backward(dh, G + w.norm, g_.dx, a.h, P + w.norm, a.mu1, a.r1, N, d, 1, kLnOffset);
 }
 
-template <class T>
-void XLSTM<T>::backward() {
+template <class T, class Ops>
+void XLSTMCore<T, Ops>::backward(const T* P, T* G) {
   LRNN_CHECK(trained_, "backward needs a forward with labels");
-  const int B = Bc_, T_ = Tc_, N = B * T_, d = cfg_.embedding_dim, V = cfg_.vocab_size;
-  const size_t Nn = size_t(N), NH = cfg_.num_heads;
-  const T* P = this->params.data();
-  T* G = this->grads.data();
+  const XLSTMConfig& cfg = net_.cfg;
+  const int B = Bc_, T_ = Tc_, N = B * T_, d = cfg.embedding_dim, V = cfg.vocab_size;
   // Gradient buffers, reused by every block, kept between steps (no page faults per step).
-  std::vector<size_t> sizes{Nn * d, Nn * d, Nn * V};
-  if (cfg_.is_mlstm()) {
-    const size_t I = cfg_.inner_dim();
-    sizes.insert(sizes.end(), {Nn * 2 * I, Nn * I, Nn * 3 * I, Nn * 2 * NH, Nn * I, Nn * I, Nn * I});
-  } else {
-    const size_t U = cfg_.ffn_dim();
-    sizes.insert(sizes.end(), {Nn * d, Nn * 4 * d, Nn * d, Nn * d, Nn * 2 * U, Nn * U});
-  }
-  size_t bytes = 0;
-  for (size_t n : sizes) bytes += Arena::round(sizeof(T) * n);
-  grad_arena_.reserve(bytes);
+  ArenaPlan plan;
+  carve_grads(plan, B, T_);
+  grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
-  auto buf = [&](size_t n) { return grad_arena_.alloc<T>(n); };
-  g_ = Grads{};
-  g_.dh = buf(sizes[0]); g_.dx = buf(sizes[1]); g_.dlogits = buf(sizes[2]);
-  if (cfg_.is_mlstm()) {
-    g_.dup = buf(sizes[3]); g_.dxc = buf(sizes[4]); g_.dqkv = buf(sizes[5]); g_.dgl = buf(sizes[6]);
-    g_.dhc = buf(sizes[7]); g_.dhn = buf(sizes[8]); g_.dhs = buf(sizes[9]);
-  } else {
-    g_.dxc = buf(sizes[3]); g_.dwx = buf(sizes[4]); g_.dy = buf(sizes[5]); g_.dx2 = buf(sizes[6]);
-    g_.dgu = buf(sizes[7]); g_.dact = buf(sizes[8]);
+  carve_grads(grad_arena_, B, T_);
+  const size_t Nd = size_t(N) * d;
+  Ops::cross_entropy_backward(g_.dlogits, acts_.logits, labels_, N, V, 1.0);
+  Ops::zero(g_.dx, Nd);
+  Ops::linear_backward(g_.dx, G + net_.head, static_cast<T*>(nullptr), g_.dlogits, acts_.xf, P + net_.head, N, d, V);
+  Ops::zero(g_.dh, Nd);
+  Ops::layernorm_backward(g_.dh, G + net_.post_norm, g_.dx, acts_.hout, P + net_.post_norm, acts_.muf, acts_.rf, N, d,
+                          1, kLnOffset);
+  for (int li = cfg.num_blocks - 1; li >= 0; --li) {
+    if (cfg.is_mlstm()) mlstm_backward(P, G, li, g_.dh, B, T_);
+    else slstm_backward(P, G, li, g_.dh, B, T_);
   }
-  ops::cross_entropy_backward<T>(g_.dlogits, acts_.logits, labels_.data(), N, V, 1.0);
-  std::memset(g_.dx, 0, Nn * d * sizeof(T));
-  ops::linear_backward<T>(g_.dx, G + head_, nullptr, g_.dlogits, acts_.xf, P + head_, N, d, V);
-  std::memset(g_.dh, 0, Nn * d * sizeof(T));
-  ops::layernorm_backward(g_.dh, G + post_norm_, g_.dx, acts_.hout, P + post_norm_, acts_.muf, acts_.rf, N, d, 1,
-                          kLnOffset);
-  for (int li = cfg_.num_blocks - 1; li >= 0; --li) {
-    if (cfg_.is_mlstm()) mlstm_backward(li, g_.dh, B, T_);
-    else slstm_backward(li, g_.dh, B, T_);
-  }
-  ops::embedding_backward<T>(G + emb_, g_.dh, tokens_.data(), N, d);
+  Ops::embedding_backward(G + net_.emb, g_.dh, tokens_, N, d);
 }
 
 template <class T>
 nlohmann::json XLSTM<T>::hf_config() const {
   // The xlstm package's xLSTMLMModelConfig (loads with dacite.from_dict(xLSTMLMModelConfig, ...),
   // which ignores the extra keys), plus `lrnn` notes on the mapping.
-  const XLSTMConfig& c = cfg_;
+  const XLSTMConfig& c = net_.cfg;
   nlohmann::json j = {{"model_type", c.model_type},
                       {"architectures", {"xLSTMLMModel"}},
                       {"vocab_size", c.vocab_size},
@@ -531,7 +524,7 @@ nlohmann::json XLSTM<T>::hf_config() const {
 
 template <class T>
 YAML::Node XLSTM<T>::resolved_config() const {
-  XLSTMConfig c = cfg_;
+  XLSTMConfig c = net_.cfg;
   io::Schema s("", "model");
   c.describe(s);
   return s.dump();
@@ -539,5 +532,10 @@ YAML::Node XLSTM<T>::resolved_config() const {
 
 template class XLSTM<float>;
 template class XLSTM<double>;
+template class XLSTMCore<float, CpuOps<float>>;
+template class XLSTMCore<double, CpuOps<double>>;
+#ifdef LRNN_WITH_CUDA
+template class XLSTMCore<float, CudaOps>;
+#endif
 
 }  // namespace lrnn

@@ -16,10 +16,13 @@
 //          slot and `igate` into the forget-gate slot — kept, so exported weights behave the same)
 //   y = sLSTM cell (ops/slstm_cell); h += MultiHeadLayerNorm(y)
 //   h += proj_down(gelu(gate) * up), [gate | up] = proj_up(LN(h))   (ffn_proj_factor, rounded up to 64)
+// The network is written once (XLSTMCore, over models/backend.h's ops): XLSTM<T> runs it on the
+// CPU reference ops, the CUDA device model (models/device_model_cuda.cpp) on the CUDA ops.
 // LayerNorms have a weight stored as an offset from 1 and no bias, eps 1e-5 (the package's LayerNorm).
 #pragma once
 #include "core/arena.h"
 #include "io/schema.h"
+#include "models/backend.h"
 #include "models/model.h"
 
 namespace lrnn {
@@ -52,19 +55,9 @@ struct XLSTMConfig {
   int head_dim() const { return (is_mlstm() ? inner_dim() : embedding_dim) / num_heads; }
 };
 
-template <class T>
-class XLSTM final : public Model<T> {
- public:
-  XLSTM(const XLSTMConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override;
-  const T* logits() const override { return acts_.logits; }
-  int vocab_size() const override { return cfg_.vocab_size; }
-  nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
-  const XLSTMConfig& config() const { return cfg_; }
-
- private:
+// Where the network's pieces sit: parameter offsets in the flat buffer (the package's names, see
+// the constructor of XLSTM). Backend-independent.
+struct XLSTMLayout {
   struct BlockParams {
     size_t norm;
     // mLSTM
@@ -73,6 +66,32 @@ class XLSTM final : public Model<T> {
     // sLSTM (conv, conv_b shared with mLSTM)
     size_t fgate, igate, zgate, ogate, rkernel, cbias, gnorm, ffn_norm, ffn_up, ffn_down;
   };
+  XLSTMConfig cfg;
+  std::vector<BlockParams> blocks;
+  size_t emb = 0, post_norm = 0, head = 0;
+};
+
+// The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
+// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+template <class T, class Ops>
+class XLSTMCore {
+ public:
+  explicit XLSTMCore(const XLSTMLayout& net) : net_(net) {}
+  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
+  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
+  // device it stays in loss() and NaN is returned.
+  double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+  // Accumulates the gradients of the last forward (which had labels) into G.
+  void backward(const T* P, T* G);
+  // Sizes both arenas for a (B, T) step without running it.
+  void reserve(int B, int T_, bool train);
+  const T* logits() const { return acts_.logits; }
+  const T* loss() const { return acts_.loss; }
+  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ private:
+  using BlockParams = XLSTMLayout::BlockParams;
   struct BlockActs {
     T *h, *mu1, *r1, *x1;
     // mLSTM
@@ -82,30 +101,49 @@ class XLSTM final : public Model<T> {
   };
   struct Acts {
     std::vector<BlockActs> blocks;
-    T *hout, *muf, *rf, *xf, *logits;
+    T *hout, *muf, *rf, *xf, *logits, *loss;
   };
-  template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
-  void mlstm_forward(int li, int B, int T_);
-  void slstm_forward(int li, int B, int T_);
-  void mlstm_backward(int li, T* dh, int B, int T_);
-  void slstm_backward(int li, T* dh, int B, int T_);
-  T* xc_of(const BlockActs& a) const;  // the conv output (or its input when there is no conv)
-  int xc_ld() const;
-
-  XLSTMConfig cfg_;
-  std::vector<BlockParams> bp_;
-  size_t emb_, post_norm_, head_;
-  Arena arena_, grad_arena_;
-  Acts acts_{};
-  std::vector<int32_t> tokens_, labels_;
-  int Bc_ = 0, Tc_ = 0;
-  bool trained_ = false;  // the last forward kept what the backward needs
-  // Gradient buffers, carved from grad_arena_ by backward().
+  // Gradient buffers, reused by every block.
   struct Grads {
     T *dh, *dx, *dlogits;
     T *dup, *dxc, *dqkv, *dgl, *dhc, *dhn, *dhs;  // mLSTM
     T *dwx, *dy, *dx2, *dgu, *dact;               // sLSTM (dxc shared)
-  } g_{};
+  };
+  template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
+  template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
+  void mlstm_forward(const T* P, int li, int B, int T_);
+  void slstm_forward(const T* P, int li, int B, int T_);
+  void mlstm_backward(const T* P, T* G, int li, T* dh, int B, int T_);
+  void slstm_backward(const T* P, T* G, int li, T* dh, int B, int T_);
+  T* xc_of(const BlockActs& a) const;  // the conv output (or its input when there is no conv)
+  int xc_ld() const;
+
+  const XLSTMLayout& net_;
+  typename Ops::Arena arena_, grad_arena_;
+  Acts acts_{};
+  Grads g_{};
+  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
+  int Bc_ = 0, Tc_ = 0;
+  bool trained_ = false;  // the last forward kept what the backward needs
+};
+
+template <class T>
+class XLSTM final : public Model<T> {
+ public:
+  XLSTM(const XLSTMConfig& cfg, uint64_t seed);
+  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  int vocab_size() const override { return net_.cfg.vocab_size; }
+  nlohmann::json hf_config() const override;
+  YAML::Node resolved_config() const override;
+  const XLSTMConfig& config() const { return net_.cfg; }
+  const XLSTMLayout& net() const { return net_; }
+
+ private:
+  XLSTMLayout net_;
+  XLSTMCore<T, CpuOps<T>> core_{net_};
+  std::vector<int32_t> tokens_, labels_;
 };
 
 }  // namespace lrnn

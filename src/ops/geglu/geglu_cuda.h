@@ -1,0 +1,8 @@
+// CUDA GELU gate: the same contract as geglu.h (device pointers, fp32, cuda::stream(); Phi from
+// erfcf). Backward accumulates into dgate and dup.
+#pragma once
+namespace lrnn::ops::cuda {
+void geglu_forward(float* out, const float* gate, const float* up, int N, int I, int ld = 0);
+void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
+                    int ld = 0);
+}  // namespace lrnn::ops::cuda

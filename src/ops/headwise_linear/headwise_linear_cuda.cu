@@ -1,0 +1,110 @@
+// CUDA block-diagonal linear map (contract: headwise_linear_cuda.h / headwise_linear.h).
+// Forward and dx: one thread per output element (the blocks are small: the mLSTM's 4x4 q/k/v,
+// the sLSTM's head-dim gates). dW: one cuBLAS GEMM per head for blocks of 16 and wider (as the
+// CPU op), else one block per weight reducing over the N rows; dbias likewise (atomics, so the
+// order of the sums is not deterministic).
+#include "ops/headwise_linear/headwise_linear_cuda.h"
+#include "cuda/runtime.h"
+#include "ops/linear/linear_cuda.h"
+
+namespace lrnn::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kGemmMin = 16;
+
+__global__ void hw_forward_kernel(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ W,
+                                  const float* __restrict__ bias, int N, int H, int I, int O, int ldx, int ldy) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t HO = size_t(H) * O;
+  if (e >= size_t(N) * HO) return;
+  const int n = int(e / HO), ho = int(e % HO), h = ho / O;
+  const float* xh = x + size_t(n) * ldx + size_t(h) * I;
+  const float* w = W + size_t(ho) * I;
+  float acc = bias ? bias[ho] : 0.f;
+  for (int i = 0; i < I; ++i) acc += xh[i] * w[i];
+  y[size_t(n) * ldy + ho] = acc;
+}
+
+__global__ void hw_dx_kernel(float* __restrict__ dx, const float* __restrict__ dy, const float* __restrict__ W, int N,
+                             int H, int I, int O, int ldx, int ldy) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t HI = size_t(H) * I;
+  if (e >= size_t(N) * HI) return;
+  const int n = int(e / HI), hi = int(e % HI), h = hi / I, i = hi % I;
+  const float* d = dy + size_t(n) * ldy + size_t(h) * O;
+  const float* w = W + size_t(h) * O * I + i;
+  float acc = 0.f;
+  for (int o = 0; o < O; ++o) acc += d[o] * w[size_t(o) * I];
+  dx[size_t(n) * ldx + hi] += acc;
+}
+
+// One block per weight (h, o, i) (x == null: per bias (h, o)): out += sum_n dy[n, h*O+o] x[n, h*I+i].
+__global__ void __launch_bounds__(kThreads) hw_reduce_kernel(float* __restrict__ out, const float* __restrict__ dy,
+                                                             const float* __restrict__ x, int N, int I, int O,
+                                                             int ldx, int ldy) {
+  __shared__ float red[kThreads / 32];
+  const int k = blockIdx.x;
+  int col_y, col_x = 0;
+  if (x) {
+    const int h = k / (O * I), o = (k / I) % O, i = k % I;
+    col_y = h * O + o;
+    col_x = h * I + i;
+  } else {
+    col_y = k;
+  }
+  float acc = 0.f;
+  for (int n = threadIdx.x; n < N; n += kThreads)
+    acc += dy[size_t(n) * ldy + col_y] * (x ? x[size_t(n) * ldx + col_x] : 1.f);
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) s += red[w];
+    out[k] += s;  // one block per element: no race
+  }
+}
+
+}  // namespace
+
+void headwise_linear_forward(float* y, const float* x, const float* W, const float* bias, int N, int H, int I, int O,
+                             int ldx, int ldy) {
+  if (!ldx) ldx = H * I;
+  if (!ldy) ldy = H * O;
+  const size_t n = size_t(N) * H * O;
+  if (!n) return;
+  hw_forward_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(y, x, W, bias, N,
+                                                                                                    H, I, O, ldx, ldy);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void headwise_linear_backward(float* dx, float* dW, float* dbias, const float* dy, const float* x, const float* W,
+                              int N, int H, int I, int O, int ldx, int ldy) {
+  if (!ldx) ldx = H * I;
+  if (!ldy) ldy = H * O;
+  if (N <= 0 || H <= 0 || I <= 0 || O <= 0) return;
+  if (dx) {
+    const size_t n = size_t(N) * H * I;
+    hw_dx_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(dx, dy, W, N, H, I,
+                                                                                                 O, ldx, ldy);
+    LRNN_CUDA_LAUNCH_CHECK();
+  }
+  if (dW) {
+    if (I >= kGemmMin && O >= kGemmMin) {
+      for (int h = 0; h < H; ++h)
+        gemm(true, false, O, I, N, 1.f, dy + size_t(h) * O, ldy, x + size_t(h) * I, ldx, 1.f, dW + size_t(h) * O * I,
+             I);
+    } else {
+      hw_reduce_kernel<<<unsigned(H * O * I), kThreads, 0, ::lrnn::cuda::stream()>>>(dW, dy, x, N, I, O, ldx, ldy);
+      LRNN_CUDA_LAUNCH_CHECK();
+    }
+  }
+  if (dbias) {
+    hw_reduce_kernel<<<unsigned(H * O), kThreads, 0, ::lrnn::cuda::stream()>>>(dbias, dy, nullptr, N, I, O, ldx, ldy);
+    LRNN_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace lrnn::ops::cuda
