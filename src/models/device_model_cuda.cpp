@@ -1,13 +1,15 @@
 #include "models/device_model.h"
 #include "core/check.h"
 #include "models/delta_lm.h"
+#include "models/llama.h"
+#include "models/lstm.h"
 #include "models/mamba.h"
 
 namespace lrnn {
 
 namespace {
 
-// A host model's network core (DeltaLMCore, MambaCore) on CudaOps: one core for training, one
+// A host model's network core (DeltaLMCore, MambaCore, LstmCore, LlamaCore) on CudaOps: one core for training, one
 // for inference, over the device copy of the host's flat parameters.
 template <class Layout, template <class, class> class Core>
 class CoreDevice final : public DeviceModel {
@@ -43,8 +45,11 @@ std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::stri
   if (auto* m = dynamic_cast<const DeltaLM<float>*>(&host))
     return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore>>(*m);
   if (auto* m = dynamic_cast<const Mamba<float>*>(&host)) return std::make_unique<CoreDevice<MambaLayout, MambaCore>>(*m);
+  // The baselines: LSTM, Transformer (Llama).
+  if (auto* m = dynamic_cast<const Lstm<float>*>(&host)) return std::make_unique<CoreDevice<LstmLayout, LstmCore>>(*m);
+  if (auto* m = dynamic_cast<const Llama<float>*>(&host)) return std::make_unique<CoreDevice<LlamaLayout, LlamaCore>>(*m);
   LRNN_USER_ERROR("model.model_type: '{}' has no CUDA path yet (CUDA: delta_net, gated_deltanet, "
-                  "gated_deltaproduct, mamba); train it with training.device: cpu",
+                  "gated_deltaproduct, mamba, lstm, llama); train it with training.device: cpu",
                   model_type);
 }
 
