@@ -33,9 +33,9 @@ TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
 // A model type without a CUDA path says so (UserError), it does not crash.
 TEST(ModelCuda, ModelWithoutCudaPathIsAUserError) {
   LRNN_REQUIRE_GPU();
-  YAML::Node block = YAML::Load("{model_type: lstm, vocab_size: 3, hidden_size: 16, num_layers: 1}");
+  YAML::Node block = YAML::Load("{model_type: mlstm, vocab_size: 3, embedding_dim: 16, num_blocks: 1, num_heads: 2}");
   auto cpu = create_model<float>(block, "test", 0);
-  EXPECT_THROW(to_device(*cpu, "lstm"), UserError);
+  EXPECT_THROW(to_device(*cpu, "mlstm"), UserError);
 }
 
 namespace {
