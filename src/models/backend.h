@@ -6,6 +6,7 @@
 #include <limits>
 #include <utility>
 #include "core/arena.h"
+#include "ops/attention/attention.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/elementwise/elementwise.h"
@@ -18,7 +19,9 @@
 #include "ops/layernorm/layernorm.h"
 #include "ops/linear/linear.h"
 #include "ops/mlstm_cell/mlstm_cell.h"
+#include "ops/lstm_cell/lstm_cell.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "ops/rope/rope.h"
 #include "ops/selective_scan/selective_scan.h"
 #include "ops/short_conv/short_conv.h"
 #include "ops/skip_gate/skip_gate.h"
@@ -26,6 +29,7 @@
 #include "ops/swiglu/swiglu.h"
 #ifdef LRNN_WITH_CUDA
 #include "cuda/arena.h"
+#include "ops/attention/attention_cuda.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -38,7 +42,9 @@
 #include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/mlstm_cell/mlstm_cell_cuda.h"
+#include "ops/lstm_cell/lstm_cell_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
+#include "ops/rope/rope_cuda.h"
 #include "ops/selective_scan/selective_scan_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
 #include "ops/skip_gate/skip_gate_cuda.h"
@@ -62,6 +68,11 @@ namespace lrnn {
   X(layernorm_forward) X(layernorm_backward) X(headwise_linear_forward) X(headwise_linear_backward) \
   X(geglu_forward) X(geglu_backward) X(skip_gate_forward) X(skip_gate_backward) X(slstm_forward)    \
   X(slstm_backward) X(mlstm_forward) X(mlstm_backward)
+// ... and those of the baselines: the LSTM layer and its layout changes (LSTM), rotary embeddings
+// and causal softmax attention (Llama).
+#define LRNN_BASELINE_OPS(X)                                                                        \
+  X(lstm_forward) X(lstm_backward) X(lstm_time_major_ids) X(lstm_batch_major) X(rope_forward)       \
+  X(rope_backward) X(attention_forward) X(attention_backward)
 
 template <class T>
 struct CpuOps {
@@ -73,6 +84,7 @@ struct CpuOps {
   LRNN_MODEL_OPS(LRNN_CPU_OP)
   LRNN_MAMBA_OPS(LRNN_CPU_OP)
   LRNN_XLSTM_OPS(LRNN_CPU_OP)
+  LRNN_BASELINE_OPS(LRNN_CPU_OP)
 #undef LRNN_CPU_OP
   // Mean loss over counted labels, returned to the host (and kept in *loss).
   static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
@@ -95,6 +107,7 @@ struct CudaOps {
   LRNN_MODEL_OPS(LRNN_CUDA_OP)
   LRNN_MAMBA_OPS(LRNN_CUDA_OP)
   LRNN_XLSTM_OPS(LRNN_CUDA_OP)
+  LRNN_BASELINE_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
   // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
   static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {

@@ -1,6 +1,8 @@
 #include "models/device_model.h"
 #include "core/check.h"
 #include "models/delta_lm.h"
+#include "models/llama.h"
+#include "models/lstm.h"
 #include "models/mamba.h"
 #include "models/xlstm.h"
 
@@ -8,7 +10,7 @@ namespace lrnn {
 
 namespace {
 
-// A host model's network core (DeltaLMCore, MambaCore) on CudaOps: one core for training, one
+// A host model's network core (DeltaLMCore, MambaCore, LstmCore, LlamaCore) on CudaOps: one core for training, one
 // for inference, over the device copy of the host's flat parameters.
 template <class Layout, template <class, class> class Core>
 class CoreDevice final : public DeviceModel {
@@ -46,8 +48,11 @@ std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::stri
   if (auto* m = dynamic_cast<const Mamba<float>*>(&host)) return std::make_unique<CoreDevice<MambaLayout, MambaCore>>(*m);
   // xLSTM: mLSTM or sLSTM blocks.
   if (auto* m = dynamic_cast<const XLSTM<float>*>(&host)) return std::make_unique<CoreDevice<XLSTMLayout, XLSTMCore>>(*m);
-  LRNN_USER_ERROR("model.model_type: '{}' has no CUDA path yet (CUDA: delta_net, gated_deltanet, "
-                  "gated_deltaproduct, mamba, mlstm, slstm); train it with training.device: cpu",
+  // The baselines: LSTM, Transformer (Llama).
+  if (auto* m = dynamic_cast<const Lstm<float>*>(&host)) return std::make_unique<CoreDevice<LstmLayout, LstmCore>>(*m);
+  if (auto* m = dynamic_cast<const Llama<float>*>(&host)) return std::make_unique<CoreDevice<LlamaLayout, LlamaCore>>(*m);
+  LRNN_USER_ERROR("model.model_type: '{}' has no CUDA path (CUDA: delta_net, gated_deltanet, gated_deltaproduct, "
+                  "mamba, mlstm, slstm, lstm, llama); train it with training.device: cpu",
                   model_type);
 }
 

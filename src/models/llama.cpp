@@ -1,13 +1,6 @@
 #include "models/llama.h"
 #include <cmath>
 #include <cstring>
-#include "ops/attention/attention.h"
-#include "ops/cross_entropy/cross_entropy.h"
-#include "ops/embedding/embedding.h"
-#include "ops/linear/linear.h"
-#include "ops/rmsnorm/rmsnorm.h"
-#include "ops/rope/rope.h"
-#include "ops/swiglu/swiglu.h"
 
 namespace lrnn {
 
@@ -38,14 +31,15 @@ void LlamaConfig::validate(const io::Schema& s) const {
 }
 
 template <class T>
-Llama<T>::Llama(const LlamaConfig& cfg, uint64_t seed) : cfg_(cfg) {
+Llama<T>::Llama(const LlamaConfig& cfg, uint64_t seed) {
+  net_.cfg = cfg;
   const int64_t d = cfg.hidden_size, V = cfg.vocab_size, I = cfg.mlp_size(), L = cfg.num_hidden_layers;
   const double r = cfg.initializer_range;
   auto& lay = this->layout_;
-  emb_ = lay.add("model.embed_tokens.weight", {V, d}, Init::Normal, r, true);
+  net_.emb = lay.add("model.embed_tokens.weight", {V, d}, Init::Normal, r, true);
   for (int l = 0; l < L; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
-    LayerParams x{};
+    LlamaLayout::LayerParams x{};
     x.input_norm = lay.add(p + "input_layernorm.weight", {d}, Init::Ones, 0, false);
     // q|k|v consecutive: one [3d, d] matrix for one GEMM (names and shapes stay HF's).
     x.q_proj = lay.add(p + "self_attn.q_proj.weight", {d, d}, Init::Normal, r, true, false);
@@ -59,31 +53,12 @@ Llama<T>::Llama(const LlamaConfig& cfg, uint64_t seed) : cfg_(cfg) {
     LRNN_CHECK(x.k_proj == x.q_proj + size_t(d * d) && x.v_proj == x.k_proj + size_t(d * d) &&
                    x.up_proj == x.gate_proj + size_t(I * d),
                "fused projection layout broken");
-    lp_.push_back(x);
+    net_.layers.push_back(x);
   }
-  norm_ = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
-  head_ = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
+  net_.norm = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
+  net_.head = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
   this->allocate();
   init_params(lay, this->params.data(), seed);
-}
-
-template <class T>
-template <class Alloc>
-void Llama<T>::carve(Alloc& a, int B, int T_) {
-  const size_t N = size_t(B) * T_, C = cfg_.hidden_size, H = cfg_.num_attention_heads, I = cfg_.mlp_size();
-  const size_t V = cfg_.vocab_size;
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, Arena>) return a.template alloc<T>(n);
-    else { a.template add<T>(n); return nullptr; }
-  };
-  acts_.layers.resize(cfg_.num_hidden_layers);
-  for (auto& l : acts_.layers) {
-    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
-    l.qkv = get(N * 3 * C); l.qk = get(N * 2 * C); l.lse = get(N * H); l.att = get(N * C);
-    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
-    l.gu = get(N * 2 * I); l.act = get(N * I);
-  }
-  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
 }
 
 namespace {
@@ -108,8 +83,64 @@ ops::AttentionDims attn_dims(const LlamaConfig& c, int B, int T_) {
 template <class T>
 double Llama<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
   LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const int N = B * T_, C = cfg_.hidden_size, I = cfg_.mlp_size(), V = cfg_.vocab_size;
-  const double eps = cfg_.rms_norm_eps;
+  const size_t N = size_t(B) * T_;
+  tokens_.assign(tokens, tokens + N);
+  if (labels) labels_.assign(labels, labels + N);
+  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
+}
+
+template <class T, class Ops>
+template <class Alloc>
+void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_) {
+  const LlamaConfig& cfg = net_.cfg;
+  const size_t N = size_t(B) * T_, C = cfg.hidden_size, H = cfg.num_attention_heads, I = cfg.mlp_size();
+  const size_t V = cfg.vocab_size;
+  auto get = [&](size_t n) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
+  };
+  acts_.layers.resize(cfg.num_hidden_layers);
+  for (auto& l : acts_.layers) {
+    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
+    l.qkv = get(N * 3 * C); l.qk = get(N * 2 * C); l.lse = get(N * H); l.att = get(N * C);
+    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
+    l.gu = get(N * 2 * I); l.act = get(N * I);
+  }
+  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
+  acts_.loss = get(1);
+}
+
+template <class T, class Ops>
+template <class Alloc>
+void LlamaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
+  const LlamaConfig& cfg = net_.cfg;
+  const size_t N = size_t(B) * T_, NC = N * cfg.hidden_size, I = cfg.mlp_size();
+  auto get = [&](size_t n) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
+  };
+  g_.dh = get(NC); g_.dx = get(NC); g_.datt = get(NC); g_.dqkv = get(NC * 3); g_.dqk = get(NC * 2);
+  g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(N * cfg.vocab_size);
+}
+
+template <class T, class Ops>
+void LlamaCore<T, Ops>::reserve(int B, int T_, bool train) {
+  ArenaPlan plan;
+  carve(plan, B, T_);
+  arena_.reserve(plan.bytes);
+  if (train) {
+    ArenaPlan gp;
+    carve_grads(gp, B, T_);
+    grad_arena_.reserve(gp.bytes);
+  }
+}
+
+template <class T, class Ops>
+double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  const LlamaConfig& cfg = net_.cfg;
+  const int N = B * T_, C = cfg.hidden_size, I = cfg.mlp_size(), V = cfg.vocab_size;
+  const double eps = cfg.rms_norm_eps;
   ArenaPlan plan;
   carve(plan, B, T_);
   arena_.reserve(plan.bytes);
@@ -117,88 +148,81 @@ double Llama<T>::forward(const int32_t* tokens, const int32_t* labels, int B, in
   carve(arena_, B, T_);
   Bc_ = B;
   Tc_ = T_;
-  has_labels_ = labels != nullptr;
-  tokens_.assign(tokens, tokens + N);
-  labels_.assign(N, -1);
-  if (labels) labels_.assign(labels, labels + N);
-  const T* P = this->params.data();
-  const auto rd = rope_dims(cfg_, B, T_);
-  const auto ad = attn_dims(cfg_, B, T_);
+  tokens_ = tokens;
+  labels_ = labels;
+  trained_ = labels != nullptr;
+  const auto rd = rope_dims(cfg, B, T_);
+  const auto ad = attn_dims(cfg, B, T_);
 
-  ops::embedding_forward(acts_.layers[0].h, tokens, P + emb_, N, C, V);
-  for (size_t li = 0; li < lp_.size(); ++li) {
+  Ops::embedding_forward(acts_.layers[0].h, tokens, P + net_.emb, N, C, V);
+  for (size_t li = 0; li < net_.layers.size(); ++li) {
     auto& a = acts_.layers[li];
-    auto& w = lp_[li];
-    ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.input_norm, N, C, eps);
-    ops::linear_forward<T>(a.qkv, a.x1, P + w.q_proj, nullptr, N, C, 3 * C);  // q|k|v
-    ops::rope_forward(a.qk, a.qkv, rd);                                       // q and k together
-    ops::attention_forward(a.att, a.lse, a.qk, a.qk + C, a.qkv + 2 * C, ad);
-    ops::linear_forward<T>(a.hmid, a.att, P + w.o_proj, nullptr, N, C, C);
-    for (size_t i = 0; i < size_t(N) * C; ++i) a.hmid[i] += a.h[i];
-    ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.post_norm, N, C, eps);
-    ops::linear_forward<T>(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
-    ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
-    T* next = li + 1 < lp_.size() ? acts_.layers[li + 1].h : acts_.hout;
-    ops::linear_forward<T>(next, a.act, P + w.down_proj, nullptr, N, I, C);
-    for (size_t i = 0; i < size_t(N) * C; ++i) next[i] += a.hmid[i];
+    auto& w = net_.layers[li];
+    Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.input_norm, N, C, eps);
+    Ops::linear_forward(a.qkv, a.x1, P + w.q_proj, nullptr, N, C, 3 * C);  // q|k|v
+    Ops::rope_forward(a.qk, a.qkv, rd);                                     // q and k together
+    Ops::attention_forward(a.att, a.lse, a.qk, a.qk + C, a.qkv + 2 * C, ad);
+    Ops::linear_forward(a.hmid, a.att, P + w.o_proj, nullptr, N, C, C);
+    Ops::add_inplace(a.hmid, a.h, size_t(N) * C);
+    Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.post_norm, N, C, eps);
+    Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
+    Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
+    T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
+    Ops::linear_forward(next, a.act, P + w.down_proj, nullptr, N, I, C);
+    Ops::add_inplace(next, a.hmid, size_t(N) * C);
   }
-  ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + norm_, N, C, eps);
-  ops::linear_forward<T>(acts_.logits, acts_.xf, P + head_, nullptr, N, C, V);
+  Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
+  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
   if (!labels) return 0.0;
-  return ops::cross_entropy_forward<T>(nullptr, acts_.logits, labels_.data(), N, V);
+  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
 }
 
-template <class T>
-void Llama<T>::backward() {
-  LRNN_CHECK(has_labels_, "backward needs a forward with labels");
-  const int B = Bc_, T_ = Tc_, N = B * T_, C = cfg_.hidden_size, I = cfg_.mlp_size(), V = cfg_.vocab_size;
-  const T* P = this->params.data();
-  T* G = this->grads.data();
-  const auto rd = rope_dims(cfg_, B, T_);
-  const auto ad = attn_dims(cfg_, B, T_);
+template <class T, class Ops>
+void LlamaCore<T, Ops>::backward(const T* P, T* G) {
+  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  const LlamaConfig& cfg = net_.cfg;
+  const int B = Bc_, T_ = Tc_, N = B * T_, C = cfg.hidden_size, I = cfg.mlp_size(), V = cfg.vocab_size;
+  const auto rd = rope_dims(cfg, B, T_);
+  const auto ad = attn_dims(cfg, B, T_);
   // Gradient buffers, reused by every layer, kept between steps.
-  const size_t NC = size_t(N) * C;
-  const size_t sizes[] = {NC, NC, NC, NC * 3, NC * 2, size_t(N) * 2 * I, size_t(N) * I, size_t(N) * V};
-  size_t bytes = 0;
-  for (size_t n : sizes) bytes += Arena::round(sizeof(T) * n);
-  grad_arena_.reserve(bytes);
+  ArenaPlan plan;
+  carve_grads(plan, B, T_);
+  grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
-  struct Buf {
-    T* p;
-    size_t n;
-    T* data() { return p; }
-  };
-  auto buf = [&](size_t n) { return Buf{grad_arena_.alloc<T>(n), n}; };
-  Buf dh = buf(NC), dx = buf(NC), datt = buf(NC), dqkv = buf(NC * 3), dqk = buf(NC * 2),
-      dgu = buf(size_t(N) * 2 * I), dact = buf(size_t(N) * I), dlogits = buf(size_t(N) * V);
-  auto zero = [](Buf& b) { std::memset(b.p, 0, b.n * sizeof(T)); };
-  zero(dh);
-  zero(dx);
+  carve_grads(grad_arena_, B, T_);
+  const size_t NC = size_t(N) * C, NI = size_t(N) * I;
+  Grads& g = g_;
+  Ops::zero(g.dh, NC);
+  Ops::zero(g.dx, NC);
 
-  ops::cross_entropy_backward<T>(dlogits.data(), acts_.logits, labels_.data(), N, V, 1.0);
-  ops::linear_backward<T>(dx.data(), G + head_, nullptr, dlogits.data(), acts_.xf, P + head_, N, C, V);
-  ops::rmsnorm_backward<T>(dh.data(), G + norm_, dx.data(), acts_.hout, P + norm_, acts_.rstdf, N, C);
+  Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
+  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
+  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
 
-  for (int li = int(lp_.size()) - 1; li >= 0; --li) {
+  for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
-    auto& w = lp_[li];
+    auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    zero(dact); zero(dgu); zero(dx);
-    ops::linear_backward<T>(dact.data(), G + w.down_proj, nullptr, dh.data(), a.act, P + w.down_proj, N, I, C);
-    ops::swiglu_backward(dgu.data(), dgu.data() + I, dact.data(), a.gu, a.gu + I, N, I, 2 * I);
-    ops::linear_backward<T>(dx.data(), G + w.gate_proj, nullptr, dgu.data(), a.x2, P + w.gate_proj, N, C, 2 * I);
-    ops::rmsnorm_backward<T>(dh.data(), G + w.post_norm, dx.data(), a.hmid, P + w.post_norm, a.rstd2, N, C);
+    Ops::zero(g.dact, NI);
+    Ops::zero(g.dgu, 2 * NI);
+    Ops::zero(g.dx, NC);
+    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C);
+    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I);
+    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I);
+    Ops::rmsnorm_backward(g.dh, G + w.post_norm, g.dx, a.hmid, P + w.post_norm, a.rstd2, N, C);
     // Attention: hmid = h + o_proj(attn(rope(q), rope(k), v))
-    zero(datt); zero(dqk); zero(dqkv);
-    ops::linear_backward<T>(datt.data(), G + w.o_proj, nullptr, dh.data(), a.att, P + w.o_proj, N, C, C);
-    ops::attention_backward(dqk.data(), dqk.data() + C, dqkv.data() + 2 * C, datt.data(), a.qk, a.qk + C,
-                            a.qkv + 2 * C, a.att, a.lse, ad);
-    ops::rope_backward(dqkv.data(), dqk.data(), rd);
-    zero(dx);
-    ops::linear_backward<T>(dx.data(), G + w.q_proj, nullptr, dqkv.data(), a.x1, P + w.q_proj, N, C, 3 * C);
-    ops::rmsnorm_backward<T>(dh.data(), G + w.input_norm, dx.data(), a.h, P + w.input_norm, a.rstd1, N, C);
+    Ops::zero(g.datt, NC);
+    Ops::zero(g.dqk, 2 * NC);
+    Ops::zero(g.dqkv, 3 * NC);
+    Ops::linear_backward(g.datt, G + w.o_proj, nullptr, g.dh, a.att, P + w.o_proj, N, C, C);
+    Ops::attention_backward(g.dqk, g.dqk + C, g.dqkv + 2 * C, g.datt, a.qk, a.qk + C, a.qkv + 2 * C, a.att, a.lse,
+                            ad);
+    Ops::rope_backward(g.dqkv, g.dqk, rd);
+    Ops::zero(g.dx, NC);
+    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dqkv, a.x1, P + w.q_proj, N, C, 3 * C);
+    Ops::rmsnorm_backward(g.dh, G + w.input_norm, g.dx, a.h, P + w.input_norm, a.rstd1, N, C);
   }
-  ops::embedding_backward<T>(G + emb_, dh.data(), tokens_.data(), N, C);
+  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
 }
 
 template <class T>
@@ -206,19 +230,19 @@ nlohmann::json Llama<T>::hf_config() const {
   // transformers' LlamaConfig keys: the checkpoint loads with LlamaForCausalLM.
   return {{"model_type", "llama"},
           {"architectures", {"LlamaForCausalLM"}},
-          {"vocab_size", cfg_.vocab_size},
-          {"hidden_size", cfg_.hidden_size},
-          {"intermediate_size", cfg_.mlp_size()},
-          {"num_hidden_layers", cfg_.num_hidden_layers},
-          {"num_attention_heads", cfg_.num_attention_heads},
-          {"num_key_value_heads", cfg_.num_attention_heads},
-          {"head_dim", cfg_.head_dim()},
+          {"vocab_size", net_.cfg.vocab_size},
+          {"hidden_size", net_.cfg.hidden_size},
+          {"intermediate_size", net_.cfg.mlp_size()},
+          {"num_hidden_layers", net_.cfg.num_hidden_layers},
+          {"num_attention_heads", net_.cfg.num_attention_heads},
+          {"num_key_value_heads", net_.cfg.num_attention_heads},
+          {"head_dim", net_.cfg.head_dim()},
           {"hidden_act", "silu"},
-          {"max_position_embeddings", cfg_.max_position_embeddings},
-          {"initializer_range", cfg_.initializer_range},
-          {"rms_norm_eps", cfg_.rms_norm_eps},
-          {"rope_theta", cfg_.rope_theta},  // transformers < 5; 5.x reads rope_parameters
-          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", cfg_.rope_theta}}},
+          {"max_position_embeddings", net_.cfg.max_position_embeddings},
+          {"initializer_range", net_.cfg.initializer_range},
+          {"rms_norm_eps", net_.cfg.rms_norm_eps},
+          {"rope_theta", net_.cfg.rope_theta},  // transformers < 5; 5.x reads rope_parameters
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", net_.cfg.rope_theta}}},
           {"rope_scaling", nullptr},
           {"attention_bias", false},
           {"attention_dropout", 0.0},
@@ -234,7 +258,7 @@ nlohmann::json Llama<T>::hf_config() const {
 
 template <class T>
 YAML::Node Llama<T>::resolved_config() const {
-  LlamaConfig c = cfg_;
+  LlamaConfig c = net_.cfg;
   io::Schema s("", "model");
   c.describe(s);
   return s.dump();
@@ -242,5 +266,10 @@ YAML::Node Llama<T>::resolved_config() const {
 
 template class Llama<float>;
 template class Llama<double>;
+template class LlamaCore<float, CpuOps<float>>;
+template class LlamaCore<double, CpuOps<double>>;
+#ifdef LRNN_WITH_CUDA
+template class LlamaCore<float, CudaOps>;
+#endif
 
 }  // namespace lrnn

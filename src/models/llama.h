@@ -7,9 +7,12 @@
 // Causal softmax attention with rotary embeddings (HF rotate_half convention, rope_theta),
 // RMSNorm everywhere, no biases, untied lm_head, num_key_value_heads = num_attention_heads.
 // Init as HF: every Linear and the embedding normal(0, initializer_range), norms 1.
+//
+// The network is written once (LlamaCore, over models/backend.h's ops): Llama<T> runs it on the
+// CPU reference ops, the device model (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
-#include "core/arena.h"
 #include "io/schema.h"
+#include "models/backend.h"
 #include "models/model.h"
 
 namespace lrnn {
@@ -32,22 +35,33 @@ struct LlamaConfig {
   void validate(const io::Schema& s) const;
 };
 
-template <class T>
-class Llama final : public Model<T> {
- public:
-  Llama(const LlamaConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override;
-  const T* logits() const override { return acts_.logits; }
-  int vocab_size() const override { return cfg_.vocab_size; }
-  nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
-  const LlamaConfig& config() const { return cfg_; }
-
- private:
+// Parameter offsets in the flat buffer (HF's names, see the constructor of Llama).
+struct LlamaLayout {
   struct LayerParams {
     size_t input_norm, q_proj, k_proj, v_proj, o_proj, post_norm, gate_proj, up_proj, down_proj;
   };
+  LlamaConfig cfg;
+  std::vector<LayerParams> layers;
+  size_t emb = 0, norm = 0, head = 0;
+};
+
+// The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
+// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+template <class T, class Ops>
+class LlamaCore {
+ public:
+  explicit LlamaCore(const LlamaLayout& net) : net_(net) {}
+  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
+  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
+  // device it stays in loss() and NaN is returned.
+  double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+  void backward(const T* P, T* G);
+  void reserve(int B, int T_, bool train);
+  const T* logits() const { return acts_.logits; }
+  const T* loss() const { return acts_.loss; }
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ private:
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* qkv;   // [N, 3C]  q|k|v, one GEMM
@@ -60,18 +74,38 @@ class Llama final : public Model<T> {
   };
   struct Acts {
     std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits;
+    T *hout, *rstdf, *xf, *logits, *loss;
   };
+  struct Grads { T *dh, *dx, *datt, *dqkv, *dqk, *dgu, *dact, *dlogits; };
   template <class Alloc> void carve(Alloc& a, int B, int T_);
+  template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
 
-  LlamaConfig cfg_;
-  std::vector<LayerParams> lp_;
-  size_t emb_, norm_, head_;
-  Arena arena_, grad_arena_;
+  const LlamaLayout& net_;
+  typename Ops::Arena arena_, grad_arena_;
   Acts acts_{};
-  std::vector<int32_t> tokens_, labels_;
+  Grads g_{};
+  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
   int Bc_ = 0, Tc_ = 0;
-  bool has_labels_ = false;
+  bool trained_ = false;
+};
+
+template <class T>
+class Llama final : public Model<T> {
+ public:
+  Llama(const LlamaConfig& cfg, uint64_t seed);
+  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  int vocab_size() const override { return net_.cfg.vocab_size; }
+  nlohmann::json hf_config() const override;
+  YAML::Node resolved_config() const override;
+  const LlamaConfig& config() const { return net_.cfg; }
+  const LlamaLayout& net() const { return net_; }
+
+ private:
+  LlamaLayout net_;
+  LlamaCore<T, CpuOps<T>> core_{net_};
+  std::vector<int32_t> tokens_, labels_;
 };
 
 }  // namespace lrnn

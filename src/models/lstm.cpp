@@ -1,10 +1,6 @@
 #include "models/lstm.h"
 #include <cmath>
 #include <cstring>
-#include "ops/cross_entropy/cross_entropy.h"
-#include "ops/embedding/embedding.h"
-#include "ops/linear/linear.h"
-#include "ops/lstm_cell/lstm_cell.h"
 
 namespace lrnn {
 
@@ -17,111 +13,146 @@ void LstmConfig::describe(io::Schema& s) {
 }
 
 template <class T>
-Lstm<T>::Lstm(const LstmConfig& cfg, uint64_t seed) : cfg_(cfg) {
+Lstm<T>::Lstm(const LstmConfig& cfg, uint64_t seed) {
+  net_.cfg = cfg;
   const int64_t V = cfg.vocab_size, E = cfg.input_size(), H = cfg.hidden_size;
   const double bound = 1.0 / std::sqrt(double(H));
   auto& lay = this->layout_;
-  emb_ = lay.add("embedding.weight", {V, E}, Init::Normal, 1.0, true);
+  net_.emb = lay.add("embedding.weight", {V, E}, Init::Normal, 1.0, true);
   for (int l = 0; l < cfg.num_layers; ++l) {
     const int64_t in = l == 0 ? E : H;
-    LayerParams x{};
+    LstmLayout::LayerParams x{};
     x.w_ih = lay.add(fmt::format("lstm.weight_ih_l{}", l), {4 * H, in}, Init::Uniform, bound, true);
     x.w_hh = lay.add(fmt::format("lstm.weight_hh_l{}", l), {4 * H, H}, Init::Uniform, bound, true);
     x.b_ih = lay.add(fmt::format("lstm.bias_ih_l{}", l), {4 * H}, Init::Uniform, bound, false);
     x.b_hh = lay.add(fmt::format("lstm.bias_hh_l{}", l), {4 * H}, Init::Uniform, bound, false);
-    lp_.push_back(x);
+    net_.layers.push_back(x);
   }
-  head_w_ = lay.add("head.weight", {V, H}, Init::Uniform, bound, true);
-  head_b_ = lay.add("head.bias", {V}, Init::Uniform, bound, false);
+  net_.head_w = lay.add("head.weight", {V, H}, Init::Uniform, bound, true);
+  net_.head_b = lay.add("head.bias", {V}, Init::Uniform, bound, false);
   this->allocate();
   init_params(lay, this->params.data(), seed);
 }
 
 template <class T>
+double Lstm<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  return core_.forward(this->params.data(), tokens, labels, B, T_);
+}
+
+template <class T, class Ops>
 template <class Alloc>
-void Lstm<T>::carve(Alloc& a, int B, int T_) {
-  const size_t N = size_t(B) * T_, E = cfg_.input_size(), H = cfg_.hidden_size, V = cfg_.vocab_size;
+void LstmCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
+  const LstmConfig& cfg = net_.cfg;
+  const size_t N = size_t(B) * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
   auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, Arena>) return a.template alloc<T>(n);
-    else { a.template add<T>(n); return nullptr; }
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
   };
+  auto ids = [&](size_t n) -> int32_t* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<int32_t>(n); return nullptr; }
+    else return a.template alloc<int32_t>(n);
+  };
+  acts_.tokens_tm = ids(N);
+  acts_.labels_tm = train ? ids(N) : nullptr;
   acts_.x = get(N * E);
-  acts_.layers.resize(cfg_.num_layers);
+  acts_.layers.resize(cfg.num_layers);
   for (auto& l : acts_.layers) {
     l.h = get(N * H); l.c = get(N * H); l.gates = get(N * 4 * H);
   }
   acts_.logits_tm = get(N * V);
   acts_.logits = get(N * V);
+  acts_.loss = get(1);
 }
 
-template <class T>
-double Lstm<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const int N = B * T_, E = cfg_.input_size(), H = cfg_.hidden_size, V = cfg_.vocab_size;
+template <class T, class Ops>
+template <class Alloc>
+void LstmCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
+  const LstmConfig& cfg = net_.cfg;
+  const size_t N = size_t(B) * T_, width = std::max(cfg.input_size(), cfg.hidden_size);
+  auto get = [&](size_t n) -> T* {
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
+    else return a.template alloc<T>(n);
+  };
+  g_.dlogits = get(N * cfg.vocab_size);
+  g_.dh = get(N * width);   // d loss / d (output of the current layer)
+  g_.dx = get(N * width);   // d loss / d (its input)
+  g_.work = get(ops::lstm_backward_work_size(ops::LstmDims{T_, B, int(width), cfg.hidden_size}));
+}
+
+template <class T, class Ops>
+void LstmCore<T, Ops>::reserve(int B, int T_, bool train) {
   ArenaPlan plan;
-  carve(plan, B, T_);
+  carve(plan, B, T_, train);
+  arena_.reserve(plan.bytes);
+  if (train) {
+    ArenaPlan gp;
+    carve_grads(gp, B, T_);
+    grad_arena_.reserve(gp.bytes);
+  }
+}
+
+template <class T, class Ops>
+double LstmCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
+  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  const LstmConfig& cfg = net_.cfg;
+  const int N = B * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
+  const bool train = labels != nullptr;
+  ArenaPlan plan;
+  carve(plan, B, T_, train);
   arena_.reserve(plan.bytes);
   arena_.reset();
-  carve(arena_, B, T_);
+  carve(arena_, B, T_, train);
   Bc_ = B;
   Tc_ = T_;
-  has_labels_ = labels != nullptr;
+  trained_ = train;
   // [B,T] -> time-major [T,B].
-  tokens_tm_.resize(N);
-  labels_tm_.assign(N, -1);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T_; ++t) {
-      tokens_tm_[size_t(t) * B + b] = tokens[size_t(b) * T_ + t];
-      if (labels) labels_tm_[size_t(t) * B + b] = labels[size_t(b) * T_ + t];
-    }
-  const T* P = this->params.data();
-  ops::embedding_forward(acts_.x, tokens_tm_.data(), P + emb_, N, E, V);
+  Ops::lstm_time_major_ids(acts_.tokens_tm, tokens, B, T_);
+  if (train) Ops::lstm_time_major_ids(acts_.labels_tm, labels, B, T_);
+  Ops::embedding_forward(acts_.x, acts_.tokens_tm, P + net_.emb, N, E, V);
   const T* in = acts_.x;
   int in_size = E;
-  for (size_t l = 0; l < lp_.size(); ++l) {
+  for (size_t l = 0; l < net_.layers.size(); ++l) {
     auto& a = acts_.layers[l];
-    auto& w = lp_[l];
-    ops::lstm_forward(a.h, a.c, a.gates, in, P + w.w_ih, P + w.w_hh, P + w.b_ih, P + w.b_hh,
+    auto& w = net_.layers[l];
+    Ops::lstm_forward(a.h, a.c, a.gates, in, P + w.w_ih, P + w.w_hh, P + w.b_ih, P + w.b_hh,
                       ops::LstmDims{T_, B, in_size, H});
     in = a.h;
     in_size = H;
   }
-  ops::linear_forward<T>(acts_.logits_tm, in, P + head_w_, P + head_b_, N, H, V);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T_; ++t)
-      std::memcpy(acts_.logits + (size_t(b) * T_ + t) * V, acts_.logits_tm + (size_t(t) * B + b) * V, sizeof(T) * V);
-  if (!labels) return 0.0;
-  return ops::cross_entropy_forward<T>(nullptr, acts_.logits_tm, labels_tm_.data(), N, V);
+  Ops::linear_forward(acts_.logits_tm, in, P + net_.head_w, P + net_.head_b, N, H, V);
+  Ops::lstm_batch_major(acts_.logits, acts_.logits_tm, B, T_, V);
+  if (!train) return 0.0;
+  return Ops::cross_entropy_loss(acts_.loss, acts_.logits_tm, acts_.labels_tm, N, V);
 }
 
-template <class T>
-void Lstm<T>::backward() {
-  LRNN_CHECK(has_labels_, "backward needs a forward with labels");
-  const int B = Bc_, T_ = Tc_, N = B * T_, E = cfg_.input_size(), H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const T* P = this->params.data();
-  T* G = this->grads.data();
-  const size_t width = std::max(E, H);
-  grad_arena_.reserve(Arena::round(sizeof(T) * size_t(N) * V) + 2 * Arena::round(sizeof(T) * size_t(N) * width));
+template <class T, class Ops>
+void LstmCore<T, Ops>::backward(const T* P, T* G) {
+  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  const LstmConfig& cfg = net_.cfg;
+  const int B = Bc_, T_ = Tc_, N = B * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
+  ArenaPlan plan;
+  carve_grads(plan, B, T_);
+  grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
-  T* dlogits = grad_arena_.alloc<T>(size_t(N) * V);
-  T* dh = grad_arena_.alloc<T>(size_t(N) * width);   // d loss / d (output of the current layer)
-  T* dx = grad_arena_.alloc<T>(size_t(N) * width);   // d loss / d (its input)
+  carve_grads(grad_arena_, B, T_);
+  T* dh = g_.dh;
+  T* dx = g_.dx;
 
-  ops::cross_entropy_backward<T>(dlogits, acts_.logits_tm, labels_tm_.data(), N, V, 1.0);
-  std::memset(dh, 0, sizeof(T) * size_t(N) * H);
+  Ops::cross_entropy_backward(g_.dlogits, acts_.logits_tm, acts_.labels_tm, N, V, 1.0);
+  Ops::zero(dh, size_t(N) * H);
   const T* top = acts_.layers.back().h;
-  ops::linear_backward<T>(dh, G + head_w_, G + head_b_, dlogits, top, P + head_w_, N, H, V);
-  for (int l = int(lp_.size()) - 1; l >= 0; --l) {
+  Ops::linear_backward(dh, G + net_.head_w, G + net_.head_b, g_.dlogits, top, P + net_.head_w, N, H, V);
+  for (int l = int(net_.layers.size()) - 1; l >= 0; --l) {
     auto& a = acts_.layers[l];
-    auto& w = lp_[l];
+    auto& w = net_.layers[l];
     const int in_size = l == 0 ? E : H;
     const T* in = l == 0 ? acts_.x : acts_.layers[l - 1].h;
-    std::memset(dx, 0, sizeof(T) * size_t(N) * in_size);
-    ops::lstm_backward(dx, G + w.w_ih, G + w.w_hh, G + w.b_ih, G + w.b_hh, dh, in, P + w.w_ih, P + w.w_hh,
-                       a.h, a.c, a.gates, ops::LstmDims{T_, B, in_size, H});
+    Ops::zero(dx, size_t(N) * in_size);
+    Ops::lstm_backward(dx, G + w.w_ih, G + w.w_hh, G + w.b_ih, G + w.b_hh, dh, in, P + w.w_ih, P + w.w_hh,
+                       a.h, a.c, a.gates, ops::LstmDims{T_, B, in_size, H}, g_.work);
     std::swap(dh, dx);
   }
-  ops::embedding_backward<T>(G + emb_, dh, tokens_tm_.data(), N, E);
+  Ops::embedding_backward(G + net_.emb, dh, acts_.tokens_tm, N, E);
 }
 
 template <class T>
@@ -130,10 +161,10 @@ nlohmann::json Lstm<T>::hf_config() const {
   // three modules (see lstm.h), so the state_dict loads into that module.
   return {{"model_type", "lstm"},
           {"architectures", {"LSTMLM"}},
-          {"vocab_size", cfg_.vocab_size},
-          {"embedding_dim", cfg_.input_size()},
-          {"hidden_size", cfg_.hidden_size},
-          {"num_layers", cfg_.num_layers},
+          {"vocab_size", net_.cfg.vocab_size},
+          {"embedding_dim", net_.cfg.input_size()},
+          {"hidden_size", net_.cfg.hidden_size},
+          {"num_layers", net_.cfg.num_layers},
           {"bias", true},
           {"batch_first", false},
           {"dropout", 0.0},
@@ -147,7 +178,7 @@ nlohmann::json Lstm<T>::hf_config() const {
 
 template <class T>
 YAML::Node Lstm<T>::resolved_config() const {
-  LstmConfig c = cfg_;
+  LstmConfig c = net_.cfg;
   io::Schema s("", "model");
   c.describe(s);
   return s.dump();
@@ -155,5 +186,10 @@ YAML::Node Lstm<T>::resolved_config() const {
 
 template class Lstm<float>;
 template class Lstm<double>;
+template class LstmCore<float, CpuOps<float>>;
+template class LstmCore<double, CpuOps<double>>;
+#ifdef LRNN_WITH_CUDA
+template class LstmCore<float, CudaOps>;
+#endif
 
 }  // namespace lrnn

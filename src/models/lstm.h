@@ -10,9 +10,12 @@
 // Init as PyTorch's defaults: embedding normal(0, 1); every LSTM tensor and the head
 // uniform(-1/sqrt(H), 1/sqrt(H)). Weight decay on the weight matrices and the embedding, not on biases.
 // Activations are time-major inside (as nn.LSTM); logits() is [B,T,V] like every model.
+//
+// The network is written once (LstmCore, over models/backend.h's ops): Lstm<T> runs it on the
+// CPU reference ops, the device model (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
-#include "core/arena.h"
 #include "io/schema.h"
+#include "models/backend.h"
 #include "models/model.h"
 
 namespace lrnn {
@@ -29,37 +32,67 @@ struct LstmConfig {
   void validate(const io::Schema&) const {}
 };
 
+// Parameter offsets in the flat buffer (the state_dict names, see the constructor of Lstm).
+struct LstmLayout {
+  struct LayerParams { size_t w_ih, w_hh, b_ih, b_hh; };
+  LstmConfig cfg;
+  std::vector<LayerParams> layers;
+  size_t emb = 0, head_w = 0, head_b = 0;
+};
+
+// The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
+// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+template <class T, class Ops>
+class LstmCore {
+ public:
+  explicit LstmCore(const LstmLayout& net) : net_(net) {}
+  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss); the core keeps
+  // time-major copies. Returns the mean loss on the CPU; on a device it stays in loss() (NaN returned).
+  double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+  void backward(const T* P, T* G);
+  void reserve(int B, int T_, bool train);
+  const T* logits() const { return acts_.logits; }
+  const T* loss() const { return acts_.loss; }
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ private:
+  struct LayerActs { T *h, *c, *gates; };   // time-major [T,B,H], [T,B,H], [T,B,4H]
+  struct Acts {
+    int32_t *tokens_tm, *labels_tm;         // time-major [T,B]
+    T* x;                                   // embeddings, time-major [T,B,E]
+    std::vector<LayerActs> layers;
+    T* logits_tm;                           // [T,B,V]
+    T* logits;                              // [B,T,V]
+    T* loss;
+  };
+  struct Grads { T *dlogits, *dh, *dx, *work; };
+  template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
+  template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
+
+  const LstmLayout& net_;
+  typename Ops::Arena arena_, grad_arena_;
+  Acts acts_{};
+  Grads g_{};
+  int Bc_ = 0, Tc_ = 0;
+  bool trained_ = false;
+};
+
 template <class T>
 class Lstm final : public Model<T> {
  public:
   Lstm(const LstmConfig& cfg, uint64_t seed);
   double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override;
-  const T* logits() const override { return acts_.logits; }
-  int vocab_size() const override { return cfg_.vocab_size; }
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  int vocab_size() const override { return net_.cfg.vocab_size; }
   nlohmann::json hf_config() const override;
   YAML::Node resolved_config() const override;
-  const LstmConfig& config() const { return cfg_; }
+  const LstmConfig& config() const { return net_.cfg; }
+  const LstmLayout& net() const { return net_; }
 
  private:
-  struct LayerParams { size_t w_ih, w_hh, b_ih, b_hh; };
-  struct LayerActs { T *h, *c, *gates; };   // time-major [T,B,H], [T,B,H], [T,B,4H]
-  struct Acts {
-    T* x;                                   // embeddings, time-major [T,B,E]
-    std::vector<LayerActs> layers;
-    T* logits_tm;                           // [T,B,V]
-    T* logits;                              // [B,T,V]
-  };
-  template <class Alloc> void carve(Alloc& a, int B, int T_);
-
-  LstmConfig cfg_;
-  std::vector<LayerParams> lp_;
-  size_t emb_, head_w_, head_b_;
-  Arena arena_, grad_arena_;
-  Acts acts_{};
-  std::vector<int32_t> tokens_tm_, labels_tm_;  // time-major copies
-  int Bc_ = 0, Tc_ = 0;
-  bool has_labels_ = false;
+  LstmLayout net_;
+  LstmCore<T, CpuOps<T>> core_{net_};
 };
 
 }  // namespace lrnn

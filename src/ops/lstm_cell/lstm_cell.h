@@ -10,8 +10,12 @@
 // per step. Time-major rows make h_{t-1} of every sequence one contiguous block, so the backward
 // also gets dW_hh from a single GEMM over all steps.
 // Backward (BPTT) accumulates into dx (may be null), dW_ih, dW_hh, db_ih, db_hh, given dh [T,B,H]
-// (the gradient of the loss with respect to every h_t from above).
+// (the gradient of the loss with respect to every h_t from above). `work` (optional on the CPU,
+// required by the CUDA version) is scratch of lstm_backward_work_size(d) elements that the
+// backward may overwrite; without it the CPU version uses per-thread scratch.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 
 namespace lrnn::ops {
 
@@ -26,6 +30,20 @@ void lstm_forward(T* h, T* c, T* gates, const T* x, const T* W_ih, const T* W_hh
 template <class T>
 void lstm_backward(T* dx, T* dW_ih, T* dW_hh, T* db_ih, T* db_hh, const T* dh, const T* x,
                    const T* W_ih, const T* W_hh, const T* h, const T* c, const T* gates,
-                   const LstmDims& d);
+                   const LstmDims& d, T* work = nullptr);
+
+// Elements of the backward's scratch: dz [T*B, 4H], the carried dh and dc [B, H], a column sum [4H].
+inline size_t lstm_backward_work_size(const LstmDims& d) {
+  return size_t(d.T) * d.B * 4 * d.H + 2 * size_t(d.B) * d.H + 4 * size_t(d.H);
+}
+
+// Layout helpers of the LSTM language model (time-major inside, batch-major outside):
+//   lstm_time_major_ids:  out[t*B + b] = in[b*T + t]                 (token ids, labels)
+//   lstm_batch_major:     out[(b*T + t)*C + c] = in[(t*B + b)*C + c] (logits back to [B,T,C])
+// T (the float type) only selects the backend's instantiation; the ids are int32.
+template <class T>
+void lstm_time_major_ids(int32_t* out, const int32_t* in, int B, int T_);
+template <class T>
+void lstm_batch_major(T* out, const T* in, int B, int T_, int C);
 
 }  // namespace lrnn::ops

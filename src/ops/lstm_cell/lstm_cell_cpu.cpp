@@ -67,13 +67,13 @@ void lstm_forward(T* h, T* c, T* gates, const T* x, const T* W_ih, const T* W_hh
 template <class T>
 void lstm_backward(T* dx, T* dW_ih, T* dW_hh, T* db_ih, T* db_hh, const T* dh, const T* x,
                    const T* W_ih, const T* W_hh, const T* h, const T* c, const T* gates,
-                   const LstmDims& d) {
+                   const LstmDims& d, T* work) {
   check(d);
   const int Tn = d.T, B = d.B, I = d.I, H = d.H, G = 4 * H;
   const size_t N = size_t(Tn) * B;
-  T* dz = thread_scratch<T, 0>(N * G);          // d loss / d pre-activations, every step
-  T* dhr = thread_scratch<T, 1>(size_t(B) * H);  // recurrent part of dh_t (from step t+1)
-  T* dc = thread_scratch<T, 2>(size_t(B) * H);   // d loss / d c_t carried back through f
+  T* dz = work ? work : thread_scratch<T, 0>(N * G);                      // d loss / d pre-activations, every step
+  T* dhr = work ? work + N * G : thread_scratch<T, 1>(size_t(B) * H);      // recurrent part of dh_t (from step t+1)
+  T* dc = work ? dhr + size_t(B) * H : thread_scratch<T, 2>(size_t(B) * H);  // d loss / d c_t carried back through f
   std::fill_n(dhr, size_t(B) * H, T(0));
   std::fill_n(dc, size_t(B) * H, T(0));
   for (int t = Tn - 1; t >= 0; --t) {
@@ -117,7 +117,7 @@ void lstm_backward(T* dx, T* dW_ih, T* dW_hh, T* db_ih, T* db_hh, const T* dh, c
   if (Tn > 1) gemm<T>(true, false, G, H, int(N - B), T(1), dz + size_t(B) * G, G, h, H, T(1), dW_hh, H);
   gemm<T>(true, false, G, I, int(N), T(1), dz, G, x, I, T(1), dW_ih, I);
   if (dx) gemm<T>(false, false, int(N), I, G, T(1), dz, G, W_ih, I, T(1), dx, I);
-  T* colsum = thread_scratch<T, 3>(G);
+  T* colsum = work ? dc + size_t(B) * H : thread_scratch<T, 3>(G);
   std::fill_n(colsum, G, T(0));
   for (size_t n = 0; n < N; ++n) {
     const T* r = dz + n * G;
@@ -130,11 +130,26 @@ void lstm_backward(T* dx, T* dW_ih, T* dW_hh, T* db_ih, T* db_hh, const T* dh, c
   }
 }
 
+template <class T>
+void lstm_time_major_ids(int32_t* out, const int32_t* in, int B, int T_) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T_; ++t) out[size_t(t) * B + b] = in[size_t(b) * T_ + t];
+}
+
+template <class T>
+void lstm_batch_major(T* out, const T* in, int B, int T_, int C) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T_; ++t)
+      std::memcpy(out + (size_t(b) * T_ + t) * C, in + (size_t(t) * B + b) * C, sizeof(T) * C);
+}
+
 #define INST(T)                                                                                      \
   template void lstm_forward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,       \
                                 const LstmDims&);                                                    \
   template void lstm_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                 const T*, const T*, const T*, const LstmDims&);
+                                 const T*, const T*, const T*, const LstmDims&, T*);            \
+  template void lstm_time_major_ids<T>(int32_t*, const int32_t*, int, int);                          \
+  template void lstm_batch_major<T>(T*, const T*, int, int, int);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops
