@@ -82,6 +82,13 @@ int main(int argc, char** argv) {
        "{model_type: gated_deltanet, hidden_size: 128, num_hidden_layers: 2, num_heads: 4, allow_neg_eigval: true}"},
       {"Mamba [-1,1] (P1: d128 L2 N16)",
        "{model_type: mamba, hidden_size: 128, num_hidden_layers: 2, state_size: 16, allow_neg_eigval: true}"},
+      {"sLSTM (P1: d128, 2 blocks, 4 heads)",
+       "{model_type: slstm, embedding_dim: 128, num_blocks: 2, num_heads: 4, conv1d_kernel_size: 4, context_length: 256}"},
+      {"mLSTM (P1: d128, 2 blocks, 4 heads)",
+       "{model_type: mlstm, embedding_dim: 128, num_blocks: 2, num_heads: 4, conv1d_kernel_size: 4, context_length: 256}"},
+      {"LSTM (P1: hidden 128, 2 layers)", "{model_type: lstm, hidden_size: 128, num_layers: 2, embedding_dim: 128}"},
+      {"Transformer (P1: d128 L2 H4, MLP 512)",
+       "{model_type: llama, hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 512}"},
   };
   if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
     for (int B : {256, 1024}) {

@@ -33,7 +33,7 @@ class DeviceModel {
 };
 
 // The device twin of `host` with its current parameters. UserError when the model type has no
-// CUDA path yet.
+// CUDA path.
 std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type);
 
 }  // namespace lrnn

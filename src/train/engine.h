@@ -41,7 +41,7 @@ class Engine {
 
 // The engine for cfg.training.device ("cpu" or "cuda"), with freshly initialised parameters.
 // UserError when this build has no CUDA backend, no device is present or the model type has no
-// CUDA path yet.
+// CUDA path.
 std::unique_ptr<Engine> make_engine(const ExperimentConfig& cfg);
 #ifdef LRNN_WITH_CUDA
 std::unique_ptr<Engine> make_cuda_engine(const ExperimentConfig& cfg);
