@@ -2,6 +2,7 @@
 // logits, loss, every gradient, and five clipped AdamW steps. Checked in double (to ~1e-10) and
 // in float (the production path, to the precision fp32 allows).
 #include <gtest/gtest.h>
+#include "golden_util.h"
 #include <cmath>
 #include "io/safetensors.h"
 #include "models/model.h"
@@ -11,28 +12,8 @@ using namespace lrnn;
 
 namespace {
 
-struct Golden {
-  io::SafeTensors st;
-  nlohmann::json cfg, adam;
-  std::vector<int32_t> tokens, labels;
-  int B = 0, T = 0;
-};
-
-Golden load(const std::string& name) {
-  Golden g;
-  g.st = io::read_safetensors(std::string(LRNN_TEST_DATA) + "/" + name);
-  g.cfg = nlohmann::json::parse(g.st.metadata.at("config"));
-  g.adam = nlohmann::json::parse(g.st.metadata.at("adamw"));
-  auto& in = g.st.at("inputs");
-  g.B = int(in.shape[0]);
-  g.T = int(in.shape[1]);
-  for (auto x : in.to_i64()) g.tokens.push_back(int32_t(x));
-  for (auto x : g.st.at("labels").to_i64()) g.labels.push_back(int32_t(x));
-  return g;
-}
-
 template <class T>
-std::unique_ptr<Model<T>> build(const Golden& g) {
+std::unique_ptr<Model<T>> build(const golden::Golden& g) {
   YAML::Node b;
   b["model_type"] = "delta_net";
   for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "conv_size", "intermediate_size"})
@@ -50,71 +31,17 @@ std::unique_ptr<Model<T>> build(const Golden& g) {
   return m;
 }
 
-// max |a - b| / (max |b| + tiny)
-double rel_err(const double* a, const std::vector<double>& b) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    d = std::max(d, std::abs(a[i] - b[i]));
-    s = std::max(s, std::abs(b[i]));
-  }
-  return d / (s + 1e-30);
-}
-template <class T>
-double rel_err(const T* a, const std::vector<double>& b) {
-  std::vector<double> x(a, a + b.size());
-  return rel_err(x.data(), b);
-}
-
-template <class T>
-void check_forward_backward(const std::string& file, double tol) {
-  Golden g = load(file);
-  auto m = build<T>(g);
-  std::fill(m->grads.begin(), m->grads.end(), T(0));
-  double loss = m->forward(g.tokens.data(), g.labels.data(), g.B, g.T);
-  EXPECT_NEAR(loss, g.st.at("loss").to_f64()[0], tol * 10);
-  EXPECT_LT(rel_err(m->logits(), g.st.at("logits").to_f64()), tol);
-  m->backward();
-  for (auto& e : m->layout().entries())
-    EXPECT_LT(rel_err(m->grads.data() + e.offset, g.st.at("grad." + e.name).to_f64()), tol) << e.name;
-}
-
-template <class T>
-void check_adamw(const std::string& file, double tol) {
-  Golden g = load(file);
-  auto m = build<T>(g);
-  const size_t P = m->params.size();
-  std::vector<T> mom(P, 0), vel(P, 0);
-  std::vector<uint8_t> decay(P, 0);
-  for (auto& e : m->layout().entries())
-    if (e.weight_decay) std::fill(decay.begin() + e.offset, decay.begin() + e.offset + e.numel, 1);
-  auto losses = g.st.at("adam.loss").to_f64(), norms = g.st.at("adam.grad_norm").to_f64();
-  for (int k = 0; k < int(g.adam["steps"]); ++k) {
-    std::fill(m->grads.begin(), m->grads.end(), T(0));
-    double loss = m->forward(g.tokens.data(), g.labels.data(), g.B, g.T);
-    m->backward();
-    double norm = ops::global_norm(m->grads.data(), P);
-    EXPECT_NEAR(loss, losses[k], tol * std::max(1.0, losses[k])) << "step " << k;
-    EXPECT_NEAR(norm, norms[k], tol * 10 * norms[k]) << "step " << k;
-    ops::clip_by_global_norm(m->grads.data(), P, norm, double(g.adam["max_grad_norm"]));
-    ops::AdamWParams ap{double(g.adam["lr"]), double(g.adam["beta1"]), double(g.adam["beta2"]),
-                        double(g.adam["eps"]), double(g.adam["weight_decay"]), k + 1};
-    ops::adamw_update(m->params.data(), m->grads.data(), mom.data(), vel.data(), decay.data(), P, ap);
-  }
-  for (auto& e : m->layout().entries())
-    EXPECT_LT(rel_err(m->params.data() + e.offset, g.st.at("adam.param." + e.name).to_f64()), tol * 10) << e.name;
-}
-
 }  // namespace
 
-TEST(GoldenDeltaNet, SignedWithConvDouble) { check_forward_backward<double>("golden_deltanet_neg.safetensors", 1e-10); }
-TEST(GoldenDeltaNet, UnitNoConvDouble) { check_forward_backward<double>("golden_deltanet_pos_noconv.safetensors", 1e-10); }
-TEST(GoldenDeltaNet, SignedWithConvFloat) { check_forward_backward<float>("golden_deltanet_neg.safetensors", 2e-4); }
-TEST(GoldenDeltaNet, UnitNoConvFloat) { check_forward_backward<float>("golden_deltanet_pos_noconv.safetensors", 2e-4); }
+TEST(GoldenDeltaNet, SignedWithConvDouble) { golden::check_forward_backward<double>("golden_deltanet_neg.safetensors", 1e-10, build<double>); }
+TEST(GoldenDeltaNet, UnitNoConvDouble) { golden::check_forward_backward<double>("golden_deltanet_pos_noconv.safetensors", 1e-10, build<double>); }
+TEST(GoldenDeltaNet, SignedWithConvFloat) { golden::check_forward_backward<float>("golden_deltanet_neg.safetensors", 2e-4, build<float>); }
+TEST(GoldenDeltaNet, UnitNoConvFloat) { golden::check_forward_backward<float>("golden_deltanet_pos_noconv.safetensors", 2e-4, build<float>); }
 TEST(GoldenDeltaNet, AdamWTrajectoryDouble) {
-  check_adamw<double>("golden_deltanet_neg.safetensors", 1e-9);
-  check_adamw<double>("golden_deltanet_pos_noconv.safetensors", 1e-9);
+  golden::check_adamw<double>("golden_deltanet_neg.safetensors", 1e-9, build<double>);
+  golden::check_adamw<double>("golden_deltanet_pos_noconv.safetensors", 1e-9, build<double>);
 }
 TEST(GoldenDeltaNet, AdamWTrajectoryFloat) {
-  check_adamw<float>("golden_deltanet_neg.safetensors", 2e-4);
-  check_adamw<float>("golden_deltanet_pos_noconv.safetensors", 2e-4);
+  golden::check_adamw<float>("golden_deltanet_neg.safetensors", 2e-4, build<float>);
+  golden::check_adamw<float>("golden_deltanet_pos_noconv.safetensors", 2e-4, build<float>);
 }
