@@ -48,7 +48,7 @@ struct Pinned {
 
 class CudaEngine final : public Engine {
  public:
-  explicit CudaEngine(const ExperimentConfig& cfg) : cfg_(cfg), tc_(cfg.training) {
+  explicit CudaEngine(const ExperimentConfig& cfg) : tc_(cfg.training) {
     if (!cuda::available())
       LRNN_USER_ERROR("{}: training.device: cuda, but no CUDA device is available here (use --device cpu or training.device: cpu)", cfg.source);
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
@@ -202,8 +202,7 @@ class CudaEngine final : public Engine {
     return s;
   }
 
-  const ExperimentConfig& cfg_;
-  const TrainingConfig& tc_;
+  const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
   std::unique_ptr<Model<float>> host_;
   std::string model_type_;
   std::unique_ptr<DeviceModel> dev_;

@@ -134,7 +134,7 @@ class CpuEngine final : public Engine {
   std::string describe() const override { return fmt::format("cpu, {} data-parallel workers", dp_.workers()); }
 
  private:
-  const TrainingConfig& tc_;
+  const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
   DataParallel dp_;
   std::vector<uint8_t> decay_;
   TrainState st_;
