@@ -111,7 +111,7 @@ struct Problem {
 };
 
 // Runs forward and backward on both sides and compares everything.
-void check(const DeltaRuleDims& dims, const Opts& opts) {
+void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
   const Problem p(dims, opts);
   const DeltaRuleDims& d = p.d;
   const std::string tag = "Dk=" + std::to_string(d.Dk) + " Dv=" + std::to_string(d.Dv) + " T=" +
@@ -174,6 +174,42 @@ void check(const DeltaRuleDims& dims, const Opts& opts) {
     }
     if (opts.gate) near(gg.download(), gg_ref, opts.tol, "dg");
   }
+
+  // accumulate = false: the gradients are written over NaN (padding of fused rows untouched).
+  {
+    SCOPED_TRACE("backward overwriting the gradients");
+    std::vector<float> gx0(p.gx.size(), 0.f), gg0(p.gg.size(), 0.f);
+    float* g0 = gx0.data();
+    lrnn::ops::delta_rule_backward<float>(g0 + p.off_q, g0 + p.off_k, g0 + p.off_v, g0 + p.off_b,
+                                          opts.gate ? gg0.data() : nullptr, p.dout.data(), p.q(p.x.data()),
+                                          p.k(p.x.data()), p.v(p.x.data()), p.b(p.x.data()), gp, d, ck_ref.data());
+    std::vector<float> init(p.gx.size(), std::nanf(""));
+    if (opts.fused) {  // only the gradients' own columns may be written: padding keeps a value
+      for (size_t e = 0; e < init.size(); ++e)
+        if (e % d.lq() >= p.off_b + size_t(d.n_h) * d.H) init[e] = gx0[e] = 3.f;
+    }
+    auto gx = to_device(init);
+    Buffer<float> gg;
+    if (opts.gate) gg = to_device(std::vector<float>(p.gg.size(), std::nanf("")));
+    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                         gx.data() + p.off_b, opts.gate ? gg.data() : nullptr, dout.data(),
+                                         p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d, ck.data(),
+                                         /*accumulate=*/false);
+    lrnn::cuda::synchronize();
+    near(gx.download(), gx0, opts.tol, "dq|dk|dv|dbeta overwritten");
+    if (opts.gate) near(gg.download(), gg0, opts.tol, "dg overwritten");
+  }
+}
+
+// Both CUDA implementations: the lane kernels (chosen automatically where they apply) and the
+// tiled kernels (forced).
+void check(const DeltaRuleDims& dims, const Opts& opts) {
+  for (const auto kernel : {lrnn::ops::cuda::DeltaKernel::Auto, lrnn::ops::cuda::DeltaKernel::Tiled}) {
+    SCOPED_TRACE(kernel == lrnn::ops::cuda::DeltaKernel::Auto ? "auto kernels" : "tiled kernels");
+    lrnn::ops::cuda::set_delta_rule_kernel(kernel);
+    check_kernel(dims, opts);
+  }
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
 
 DeltaRuleDims dims(int B, int T, int H, int Dk, int Dv, int n_h, EigenRange r) {
@@ -185,6 +221,9 @@ DeltaRuleDims dims(int B, int T, int H, int Dk, int Dv, int n_h, EigenRange r) {
 TEST(DeltaRuleCuda, DeltaNetUnit32) {
   LRNN_REQUIRE_GPU();
   check(dims(3, 40, 2, 32, 32, 1, EigenRange::Unit), {});
+  Opts o;
+  o.fused = true;  // the P1 model's step: 4 heads, T = 40, read from a fused projection row
+  check(dims(64, 40, 4, 32, 32, 1, EigenRange::Signed), o);
 }
 
 TEST(DeltaRuleCuda, SignedSaturatedBeta) {
@@ -310,6 +349,7 @@ void time_case(const DeltaRuleDims& d, bool gate) {
 TEST(DeltaRuleCuda, DISABLED_Timing) {
   LRNN_REQUIRE_GPU();
   time_case(dims(256, 40, 4, 32, 32, 1, EigenRange::Signed), false);  // P1 parity training step
+  time_case(dims(1024, 40, 4, 32, 32, 1, EigenRange::Signed), false);
   time_case(dims(256, 40, 4, 32, 32, 2, EigenRange::Signed), true);
   time_case(dims(256, 256, 4, 32, 32, 1, EigenRange::Signed), false);
   time_case(dims(64, 256, 4, 64, 64, 1, EigenRange::Signed), false);

@@ -355,3 +355,24 @@ TEST(DeltaRule, TokenStridesMatchPackedLayout) {
     EXPECT_EQ(dw[n * W + W - 1], 0.0);
   }
 }
+
+// accumulate = false writes the gradients (over NaN) exactly as zero-filled + accumulate does,
+// and leaves the gaps of a strided layout alone.
+TEST(DeltaRule, OverwriteEqualsZeroThenAccumulate) {
+  auto in = make_delta(2, 21, 2, 4, 3, 2, EigenRange::Signed, true, 80);
+  auto& d = in.d;
+  std::vector<double> o(size_t(d.B) * d.T * d.H * d.Dv);
+  delta_rule_forward(o.data(), in.q.data(), in.k.data(), in.v.data(), in.bl.data(), in.g.data(), d);
+  const auto dout = randn(o.size(), 81);
+  auto grads = [&](double init, bool accumulate) {
+    std::vector<double> dq(in.q.size(), init), dk(in.k.size(), init), dv(in.v.size(), init),
+        db(in.bl.size(), init), dg(in.g.size(), init);
+    delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), dg.data(), dout.data(), in.q.data(),
+                        in.k.data(), in.v.data(), in.bl.data(), in.g.data(), d, (const double*)nullptr, accumulate);
+    for (auto* v : {&dk, &dv, &db, &dg}) dq.insert(dq.end(), v->begin(), v->end());
+    return dq;
+  };
+  const auto want = grads(0.0, true), got = grads(std::nan(""), false);
+  EXPECT_EQ(got, want);
+  for (double x : want) ASSERT_TRUE(std::isfinite(x));
+}

@@ -47,9 +47,11 @@ void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_
                         const DeltaRuleDims& d, T* ckpt = nullptr);
 
 // ckpt (optional): the forward's chunk-start states for the same inputs.
+// accumulate = false: the gradients are written, not added to (their previous content, even
+// NaN, is ignored) — what a caller wants that would otherwise zero them first.
 template <class T>
 void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
                          const T* k, const T* v, const T* beta_logit, const T* g,
-                         const DeltaRuleDims& d, const T* ckpt = nullptr);
+                         const DeltaRuleDims& d, const T* ckpt = nullptr, bool accumulate = true);
 
 }  // namespace lrnn::ops

@@ -267,10 +267,25 @@ void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_
   LRNN_DELTA_DISPATCH(forward_impl, o, q, k, v, beta_logit, g, d, ckpt)
 }
 
+// Zeroes rows x cols of a token-strided gradient.
+template <class T>
+void zero_rows(T* p, size_t rows, size_t cols, size_t ld) {
+  if (!p) return;
+  for (size_t r = 0; r < rows; ++r) std::fill_n(p + r * ld, cols, T(0));
+}
+
 template <class T>
 void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
                          const T* k, const T* v, const T* beta_logit, const T* g,
-                         const DeltaRuleDims& d, const T* saved) {
+                         const DeltaRuleDims& d, const T* saved, bool accumulate) {
+  if (!accumulate) {
+    const size_t N = size_t(d.B) * d.T, H = d.H, n = d.n_h;
+    zero_rows(dq, N, H * d.Dk, d.lq());
+    zero_rows(dk, N, n * H * d.Dk, d.lk());
+    zero_rows(dv, N, n * H * d.Dv, d.lv());
+    zero_rows(dbeta_logit, N, n * H, d.lb());
+    if (g) zero_rows(dg, N, H, H);
+  }
   LRNN_DELTA_DISPATCH(backward_impl, dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved)
 }
 
@@ -279,7 +294,7 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
                                       const DeltaRuleDims&, T*);                             \
   template void delta_rule_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, const T*, const DeltaRuleDims&,   \
-                                       const T*);
+                                       const T*, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

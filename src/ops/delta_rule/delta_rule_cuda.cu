@@ -45,6 +45,7 @@
 // atomicAdd when the columns are split over blocks (Dv > 32 at Dk > 16).
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -87,6 +88,8 @@ struct Args {
   float *dq, *dk, *dv, *dbl, *dg;        // backward (dg null without a gate)
   long long lq, lk, lv, lb;              // token strides
   int T, H, Dk, Dv, nh, nchunks;
+  int nseq;                              // B*H
+  bool accumulate;                       // backward: add to the gradients (else overwrite: lane kernels)
   int cols;                              // state columns per block (= warps * CPW)
   int nbuf;                              // staging buffers: 2 (double-buffered) or 1
   float bscale, scale;
@@ -595,6 +598,302 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
 }
 
 // ---------------------------------------------------------------------------------------------
+// Lane kernels: one warp per (b,h) sequence, lane c owns state column c (Dk <= 32, Dv <= 32).
+//
+// For the small heads of the papers' models (Dk = Dv = 16 or 32) the tiled kernels above spend
+// most of their instructions on shuffles: every S^T k needs a reduction over rows. Here the
+// thread holds the whole column S[:,c] (DK registers), so the forward needs no reduction at
+// all: u_c = v_c - S[:,c].k and o_c = S[:,c].q are thread-local dot products with k and q read
+// as float4 broadcasts from shared memory. The backward's column-local parts (w = dS^T k,
+// du, dv, the state updates) are thread-local as well; what sums over columns — dq_t = S_t do_t,
+// dk = beta dS u - S_prev du (vectors over rows) and dbeta = w.u — is reduced across the warp by
+// a transposing butterfly (31 shuffles for 32 rows, after which lane l holds row l), and the
+// warp writes its rows with one coalesced store. Each (b,h) has one owner warp: every output is
+// written by exactly one lane (no atomics, deterministic; with accumulate=false it overwrites).
+// The chunk's k, q, v, beta, gate (and dout) are staged per warp in shared memory with
+// cp.async; the algorithm (chunk checkpoints, undoing sub-steps, kept states with a gate) is the
+// tiled backward's, described at the top of this file.
+constexpr int kLaneWarps = 4;  // warps (= sequences) per block
+
+struct LaneSmem {
+  int k, q, v, b, g, dout, u, st, total;  // offsets in floats inside one warp's region
+};
+
+__host__ __device__ inline LaneSmem lane_smem(int DK, int nh, bool bwd, bool gate) {
+  LaneSmem s{};
+  int o = 0;
+  s.k = o; o += kC * nh * DK;  // DK is a multiple of 4: the float4 rows stay 16-byte aligned
+  s.q = o; o += kC * DK;
+  s.v = o; o += kC * nh * 32;
+  s.b = o; o += kC * nh;
+  s.g = o; o += kC;
+  s.dout = o; o += bwd ? kC * 32 : 0;
+  s.u = o; o += bwd ? kC * nh * 32 : 0;
+  s.st = o; o += (bwd && gate) ? (kC / kG) * DK * 32 : 0;
+  s.total = (o + 3) / 4 * 4;
+  return s;
+}
+
+// Stages chunk [t0, t0 + nt) of the warp's sequence; beta logits become beta, g becomes exp(g).
+template <int DK>
+__device__ void lane_stage(float* w, const LaneSmem& L, const Args& a, const Seq& s, int t0, int nt, int lane) {
+  const int nh = a.nh, H = a.H;
+  __syncwarp();  // every lane is done with the previous chunk
+  for (int tt = 0; tt < nt; ++tt) {
+    const int t = t0 + tt;
+    if (lane < DK) {
+      if (lane < a.Dk) cp4(w + L.q + tt * DK + lane, s.q + size_t(t) * a.lq + lane);
+      else w[L.q + tt * DK + lane] = 0.f;
+    }
+    for (int j = 0; j < nh; ++j) {
+      const int r = tt * nh + j;
+      if (lane < DK) {
+        if (lane < a.Dk) cp4(w + L.k + r * DK + lane, s.k + size_t(t) * a.lk + size_t(j) * H * a.Dk + lane);
+        else w[L.k + r * DK + lane] = 0.f;
+      }
+      if (lane < a.Dv) cp4(w + L.v + r * 32 + lane, s.v + size_t(t) * a.lv + size_t(j) * H * a.Dv + lane);
+      else w[L.v + r * 32 + lane] = 0.f;
+    }
+    if (s.dout) {
+      if (lane < a.Dv) cp4(w + L.dout + tt * 32 + lane, s.dout + size_t(t) * H * a.Dv + lane);
+      else w[L.dout + tt * 32 + lane] = 0.f;
+    }
+  }
+  for (int x = lane; x < nt * nh; x += 32) cp4(w + L.b + x, s.bl + size_t(t0 + x / nh) * a.lb + size_t(x % nh) * H);
+  if (s.g)
+    for (int x = lane; x < nt; x += 32) cp4(w + L.g + x, s.g + size_t(t0 + x) * H);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncwarp();
+  for (int x = lane; x < nt * nh; x += 32) w[L.b + x] = a.bscale / (1.f + expf(-w[L.b + x]));
+  if (s.g)
+    for (int x = lane; x < nt; x += 32) w[L.g + x] = expf(w[L.g + x]);
+  __syncwarp();
+}
+
+// x . S (x a DK-row of shared memory, read as float4 broadcasts), four partial sums.
+template <int DK>
+__device__ __forceinline__ float lane_dot(const float (&S)[DK], const float* x) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < DK / 4; ++i) {
+    const float4 v = x4[i];
+    p[0] = fmaf(v.x, S[4 * i], p[0]);
+    p[1] = fmaf(v.y, S[4 * i + 1], p[1]);
+    p[2] = fmaf(v.z, S[4 * i + 2], p[2]);
+    p[3] = fmaf(v.w, S[4 * i + 3], p[3]);
+  }
+  return (p[0] + p[1]) + (p[2] + p[3]);
+}
+
+// S += x * c (x a DK-row of shared memory).
+template <int DK>
+__device__ __forceinline__ void lane_axpy(float (&S)[DK], const float* x, float c) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll
+  for (int i = 0; i < DK / 4; ++i) {
+    const float4 v = x4[i];
+    S[4 * i] = fmaf(v.x, c, S[4 * i]);
+    S[4 * i + 1] = fmaf(v.y, c, S[4 * i + 1]);
+    S[4 * i + 2] = fmaf(v.z, c, S[4 * i + 2]);
+    S[4 * i + 3] = fmaf(v.w, c, S[4 * i + 3]);
+  }
+}
+
+// Transposing butterfly: sums the vectors x[0..M) of the 32 lanes. At offset O a lane keeps the
+// half of its live elements selected by its bit O and adds the partner's copy of that half, so
+// the live elements halve at each level until one is left (then plain butterfly adds). Lane l
+// ends with the total of element l >> (5 - log2 M) (M = 32: row l; M = 16: row l/2).
+template <int M, int O, int N>
+__device__ __forceinline__ void tsum(float (&x)[N], int lane) {
+  if constexpr (O >= 1) {
+    if constexpr (M > 1) {
+      constexpr int Hm = M / 2;
+      const bool up = (lane & O) != 0;
+#pragma unroll
+      for (int e = 0; e < Hm; ++e) {
+        const float send = up ? x[e] : x[e + Hm];
+        const float keep = up ? x[e + Hm] : x[e];
+        x[e] = keep + __shfl_xor_sync(kFull, send, O);
+      }
+      tsum<Hm, O / 2>(x, lane);
+    } else {
+      x[0] += __shfl_xor_sync(kFull, x[0], O);
+      tsum<1, O / 2>(x, lane);
+    }
+  }
+}
+template <int DK>
+__device__ __forceinline__ float transpose_sum(float (&x)[DK], int lane) {
+  static_assert(DK == 16 || DK == 32, "lane kernels: DK is 16 or 32");
+  tsum<DK, 16>(x, lane);
+  return x[0];
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+__device__ __forceinline__ void put(float* p, float x, bool accumulate) {
+  if (accumulate) *p += x;
+  else *p = x;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_fwd_kernel(Args a) {
+  extern __shared__ float4 sm4[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bh = blockIdx.x * kLaneWarps + warp;
+  if (bh >= a.nseq) return;  // whole warps leave; nothing below synchronises the block
+  const int b = bh / a.H, h = bh % a.H, nh = a.nh;
+  const LaneSmem L = lane_smem(DK, nh, false, a.g != nullptr);
+  float* w = reinterpret_cast<float*>(sm4) + warp * L.total;
+  const Seq s(a, b, h);
+  const bool col = lane < a.Dv;
+  float S[DK];
+#pragma unroll
+  for (int i = 0; i < DK; ++i) S[i] = 0.f;
+  for (int ci = 0; ci < a.nchunks; ++ci) {
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    lane_stage<DK>(w, L, a, s, t0, nt, lane);
+    if (a.ckpt_out && col) {
+      float* ck = a.ckpt_out + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv + lane;
+#pragma unroll
+      for (int i = 0; i < DK; ++i)
+        if (i < a.Dk) ck[size_t(i) * a.Dv] = S[i];
+    }
+    for (int tt = 0; tt < nt; ++tt) {
+      if (a.g) {
+        const float at = w[L.g + tt];
+#pragma unroll
+        for (int i = 0; i < DK; ++i) S[i] *= at;
+      }
+      for (int j = 0; j < nh; ++j) {
+        const int r = tt * nh + j;
+        const float* kk = w + L.k + r * DK;
+        const float u = w[L.v + r * 32 + lane] - lane_dot<DK>(S, kk);
+        lane_axpy<DK>(S, kk, w[L.b + r] * u);
+      }
+      if (a.o && col) a.o[((size_t(b) * a.T + t0 + tt) * a.H + h) * a.Dv + lane] = a.scale * lane_dot<DK>(S, w + L.q + tt * DK);
+    }
+  }
+}
+
+template <int DK>
+__global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_bwd_kernel(Args a) {
+  extern __shared__ float4 sm4[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bh = blockIdx.x * kLaneWarps + warp;
+  if (bh >= a.nseq) return;
+  const int b = bh / a.H, h = bh % a.H, nh = a.nh, H = a.H;
+  const bool gate = a.g != nullptr, col = lane < a.Dv, acc = a.accumulate;
+  const LaneSmem L = lane_smem(DK, nh, true, gate);
+  float* w = reinterpret_cast<float*>(sm4) + warp * L.total;
+  const Seq s(a, b, h);
+  // Rows of the transposed sums: lane l holds row e = l >> (5 - log2 DK); one lane per row writes.
+  constexpr int kShift = DK == 32 ? 0 : 1;
+  const int e = lane >> kShift;
+  const bool writer = (lane & ((1 << kShift) - 1)) == 0 && e < a.Dk;
+  const size_t tok = size_t(b) * a.T;
+  float* dqb = a.dq + tok * a.lq + size_t(h) * a.Dk;
+  float* dkb = a.dk + tok * a.lk + size_t(h) * a.Dk;
+  float* dvb = a.dv + tok * a.lv + size_t(h) * a.Dv;
+  float* dbb = a.dbl + tok * a.lb + h;
+  float* dgb = gate ? a.dg + tok * H + h : nullptr;
+
+  float S[DK], dS[DK], x[DK];
+#pragma unroll
+  for (int i = 0; i < DK; ++i) dS[i] = 0.f;
+  for (int ci = a.nchunks - 1; ci >= 0; --ci) {
+    const int t0 = ci * kC, nt = min(kC, a.T - t0);
+    lane_stage<DK>(w, L, a, s, t0, nt, lane);
+    {
+      const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv + lane;
+#pragma unroll
+      for (int i = 0; i < DK; ++i) S[i] = (col && i < a.Dk) ? ck[size_t(i) * a.Dv] : 0.f;
+    }
+    // Pass A: forward through the chunk; u of every sub-step, dq, kept states (gate).
+    for (int tt = 0; tt < nt; ++tt) {
+      if (gate) {
+        if (tt % kG == 0) {
+          float* sp = w + L.st + (tt / kG) * DK * 32 + lane;
+#pragma unroll
+          for (int i = 0; i < DK; ++i) sp[i * 32] = S[i];
+        }
+        const float at = w[L.g + tt];
+#pragma unroll
+        for (int i = 0; i < DK; ++i) S[i] *= at;
+      }
+      for (int j = 0; j < nh; ++j) {
+        const int r = tt * nh + j;
+        const float* kk = w + L.k + r * DK;
+        const float u = w[L.v + r * 32 + lane] - lane_dot<DK>(S, kk);
+        w[L.u + r * 32 + lane] = u;
+        lane_axpy<DK>(S, kk, w[L.b + r] * u);
+      }
+      const float dot = w[L.dout + tt * 32 + lane];  // 0 in lanes >= Dv
+#pragma unroll
+      for (int i = 0; i < DK; ++i) x[i] = S[i] * dot;
+      const float dq = transpose_sum<DK>(x, lane);
+      if (writer) put(dqb + size_t(t0 + tt) * a.lq + e, a.scale * dq, acc);
+    }
+    // Reverse through the chunk. S = the state after token t0 + nt - 1.
+    for (int tt = nt - 1; tt >= 0; --tt) {
+      const int t = t0 + tt;
+      if (gate && tt < nt - 1) {
+        // Rebuild the state after token tt from the kept state before token tt - tt % kG.
+        const int tk = tt - tt % kG;
+        const float* sp = w + L.st + (tk / kG) * DK * 32 + lane;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) S[i] = sp[i * 32];
+        for (int y = tk; y <= tt; ++y) {
+          const float ay = w[L.g + y];
+#pragma unroll
+          for (int i = 0; i < DK; ++i) S[i] *= ay;
+          for (int j = 0; j < nh; ++j) {
+            const int r = y * nh + j;
+            lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.u + r * 32 + lane]);
+          }
+        }
+      }
+      // o_t = scale S^T q:  dS += scale q do^T
+      lane_axpy<DK>(dS, w + L.q + tt * DK, a.scale * w[L.dout + tt * 32 + lane]);
+      for (int j = nh - 1; j >= 0; --j) {
+        const int r = tt * nh + j;
+        const float* kk = w + L.k + r * DK;
+        const float beta = w[L.b + r], u = w[L.u + r * 32 + lane], bu = beta * u;
+        lane_axpy<DK>(S, kk, -bu);  // S_prev = S - k (beta u)^T
+        const float wv = lane_dot<DK>(dS, kk);  // w = dS^T k
+        const float du = beta * wv;
+        // dk = beta dS u - S_prev du (summed over columns) ; dS -= k du^T
+#pragma unroll
+        for (int i = 0; i < DK; ++i) x[i] = fmaf(dS[i], bu, -S[i] * du);
+        lane_axpy<DK>(dS, kk, -du);
+        const float dkv = transpose_sum<DK>(x, lane);
+        if (writer) put(dkb + size_t(t) * a.lk + size_t(j) * H * a.Dk + e, dkv, acc);
+        if (col) put(dvb + size_t(t) * a.lv + size_t(j) * H * a.Dv + lane, du, acc);
+        const float db = warp_sum(wv * u);  // dbeta = w . u ; d beta / d logit = beta (1 - beta / s)
+        if (lane == 0) put(dbb + size_t(t) * a.lb + size_t(j) * H, db * beta * (1.f - beta / a.bscale), acc);
+      }
+      if (gate) {
+        // S is now exp(g_t) * (state after token t-1):  dg_t = sum(dS * S) ; dS *= a
+        const float at = w[L.g + tt];
+        float p = 0.f;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+          p = fmaf(dS[i], S[i], p);
+          dS[i] *= at;
+        }
+        const float dg = warp_sum(p);
+        if (lane == 0) put(dgb + size_t(t) * H, dg, acc);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 int padded_dk(int Dk) {
@@ -671,6 +970,8 @@ Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
 Args make_args(const DeltaRuleDims& d) {
   Args a{};
   a.T = d.T, a.H = d.H, a.Dk = d.Dk, a.Dv = d.Dv, a.nh = d.n_h;
+  a.nseq = d.B * d.H;
+  a.accumulate = true;
   a.nchunks = (d.T + kC - 1) / kC;
   a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
   a.bscale = float(beta_scale(d.range));
@@ -683,8 +984,36 @@ void check_dims(const DeltaRuleDims& d) {
   LRNN_DELTA_REQUIRE(size_t(d.B) * d.H <= 0x7fffffffu);
 }
 
+std::atomic<int> g_kernel{int(DeltaKernel::Auto)};
+
+// Warps per block of a lane kernel (0: the lane kernels do not apply to these dims).
+template <int DKP, auto Kernel>
+int lane_warps(const DeltaRuleDims& d, bool bwd, bool gate) {
+  if constexpr (DKP > 32) {
+    return 0;
+  } else {
+    if (DeltaKernel(g_kernel.load()) != DeltaKernel::Auto || d.Dv > 32) return 0;
+    allow_smem<Kernel>();
+    const size_t per_warp = sizeof(float) * lane_smem(DKP, d.n_h, bwd, gate).total;
+    return int(std::min<size_t>(kLaneWarps, size_t(max_smem_optin()) / per_warp));
+  }
+}
+
+template <int DKP, auto Kernel>
+bool launch_lane(const Args& a, const DeltaRuleDims& d, bool bwd) {
+  const int nw = lane_warps<DKP, Kernel>(d, bwd, a.g != nullptr);
+  if (nw == 0) return false;
+  const size_t smem = sizeof(float) * nw * lane_smem(DKP, d.n_h, bwd, a.g != nullptr).total;
+  const unsigned blocks = unsigned((a.nseq + nw - 1) / nw);
+  Kernel<<<blocks, nw * 32, smem, lrnn::cuda::stream()>>>(a);
+  LRNN_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
 template <int DKP>
 void forward_dkp(Args a, const DeltaRuleDims& d) {
+  if constexpr (DKP <= 32)
+    if (launch_lane<DKP, delta_lane_fwd_kernel<DKP>>(a, d, false)) return;
   using Lay = Layout<DKP>;
   auto kernel = delta_fwd_kernel<DKP>;
   const Launch l = plan<delta_fwd_kernel<DKP>>(DKP, Lay::CPW, d, false, a.g != nullptr);
@@ -694,8 +1023,32 @@ void forward_dkp(Args a, const DeltaRuleDims& d) {
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
+// Zeroes rows x cols of a token-strided gradient (the tiled kernels only add).
+__global__ void zero_strided(float* p, long long rows, int cols, long long ld) {
+  const long long n = rows * cols;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x)
+    p[(e / cols) * ld + e % cols] = 0.f;
+}
+void zero_grad(float* p, long long rows, int cols, long long ld) {
+  if (!p || rows * cols == 0) return;
+  const long long n = rows * cols;
+  const unsigned blocks = unsigned(std::min<long long>((n + 255) / 256, 4096));
+  zero_strided<<<blocks, 256, 0, lrnn::cuda::stream()>>>(p, rows, cols, ld);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
+  if constexpr (DKP <= 32)
+    if (launch_lane<DKP, delta_lane_bwd_kernel<DKP>>(a, d, true)) return;
+  if (!a.accumulate) {  // overwrite: the tiled kernel adds (with atomics when columns are split)
+    const long long N = (long long)d.B * d.T;
+    zero_grad(a.dq, N, d.H * d.Dk, a.lq);
+    zero_grad(a.dk, N, d.n_h * d.H * d.Dk, a.lk);
+    zero_grad(a.dv, N, d.n_h * d.H * d.Dv, a.lv);
+    zero_grad(a.dbl, N, d.n_h * d.H, a.lb);
+    zero_grad(a.dg, N, d.H, d.H);
+  }
   using Lay = Layout<DKP>;
   auto kernel = delta_bwd_kernel<DKP>;
   const Launch l = plan<delta_bwd_kernel<DKP>>(DKP, Lay::CPW, d, true, a.g != nullptr);
@@ -718,6 +1071,8 @@ void run_backward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPA
 
 }  // namespace
 
+void set_delta_rule_kernel(DeltaKernel k) { g_kernel.store(int(k)); }
+
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                         const float* g, const DeltaRuleDims& d, float* ckpt) {
   check_dims(d);
@@ -730,13 +1085,14 @@ void delta_rule_forward(float* o, const float* q, const float* k, const float* v
 
 void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
                          const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
-                         const DeltaRuleDims& d, const float* ckpt) {
+                         const DeltaRuleDims& d, const float* ckpt, bool accumulate) {
   check_dims(d);
   if (d.B == 0 || d.T == 0) return;
   LRNN_DELTA_REQUIRE(!g || dg);  // a forget gate needs its gradient
   Args a = make_args(d);
   a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g, a.dout = dout;
   a.dq = dq, a.dk = dk, a.dv = dv, a.dbl = dbeta_logit, a.dg = dg;
+  a.accumulate = accumulate;
   float* tmp = nullptr;
   if (!ckpt) {
     // Not used in captured graphs (training passes the forward's checkpoints): recompute them.
