@@ -4,12 +4,18 @@
 //   graph     steps replayed as CUDA graphs, the batch fixed (device time per step)
 //   eager     the same with kernels launched one by one (LRNN_CUDA_GRAPHS=0): launch overhead
 //   +data     graphs, and the host generating a fresh batch every step (what training does)
-// Prints a Markdown table. Usage: bench_cuda [steps=300] [--profile [model index=0]]
+// Prints a Markdown table. Usage:
+//   bench_cuda [steps=300]                       every model, batch 256 and 1024
+//   bench_cuda [steps] --only I                  model I only
+//   bench_cuda [steps] --profile [I=0]           per-op device time of model I
+//   bench_cuda [steps] --gemm                    the P1 DeltaNet's GEMMs alone at 40,960 tokens
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 #include "cuda/runtime.h"
+#include "ops/linear/linear_cuda.h"
 #include "train/engine.h"
 
 using namespace lrnn;
@@ -57,12 +63,68 @@ double time_steps(const ExperimentConfig& cfg, int steps, bool graphs, bool fres
   return dt;
 }
 
+// Device milliseconds of f() per call, over n calls after a warm-up.
+template <class F>
+double device_ms(F&& f, int n) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t e0, e1;
+  LRNN_CUDA_CHECK(cudaEventCreate(&e0));
+  LRNN_CUDA_CHECK(cudaEventCreate(&e1));
+  LRNN_CUDA_CHECK(cudaEventRecord(e0, cuda::stream()));
+  for (int i = 0; i < n; ++i) f();
+  LRNN_CUDA_CHECK(cudaEventRecord(e1, cuda::stream()));
+  cuda::synchronize();
+  float ms = 0;
+  LRNN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / n;
+}
+
+// The P1 DeltaNet layer's four linear layers at N = 40,960 tokens (batch 1024, T 40): forward,
+// input gradient (overwrite and accumulate) and weight gradient, each alone, with the bytes it
+// must move at least (fp32) and the bandwidth that implies.
+void bench_gemms(int n) {
+  const int N = 1024 * 40;
+  struct S {
+    const char* name;
+    int IC, OC;
+  } shapes[] = {{"q|k|v|b proj", 128, 388}, {"o_proj", 128, 128}, {"gate|up", 128, 1024}, {"down", 512, 128}};
+  std::printf("\nGEMMs of the P1 DeltaNet at N = %d tokens, TF32 (us per call; GB/s = minimum bytes / time)\n\n", N);
+  std::printf("| layer | IC x OC | forward | dX (beta 0) | dX (beta 1) | dW |\n|---|---|---|---|---|---|\n");
+  for (const S& s : shapes) {
+    cuda::Buffer<float> x(size_t(N) * s.IC), y(size_t(N) * s.OC), W(size_t(s.OC) * s.IC), dW(W.size()),
+        dx(x.size());
+    x.zero(), y.zero(), W.zero(), dW.zero(), dx.zero();
+    const double fx = 4.0 * N * s.IC, fy = 4.0 * N * s.OC;
+    const double tf = device_ms([&] { ops::cuda::linear_forward(y.data(), x.data(), W.data(), nullptr, N, s.IC, s.OC); }, n);
+    const double t0 = device_ms([&] {
+      ops::cuda::gemm(false, false, N, s.IC, s.OC, 1.f, y.data(), s.OC, W.data(), s.IC, 0.f, dx.data(), s.IC);
+    }, n);
+    const double t1 = device_ms([&] {
+      ops::cuda::linear_backward(dx.data(), nullptr, nullptr, y.data(), x.data(), W.data(), N, s.IC, s.OC);
+    }, n);
+    const double tw = device_ms([&] {
+      ops::cuda::linear_backward(nullptr, dW.data(), nullptr, y.data(), x.data(), W.data(), N, s.IC, s.OC);
+    }, n);
+    auto cell = [](double ms, double bytes) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.1f (%.0f GB/s)", ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+      return std::string(b);
+    };
+    std::printf("| %s | %d x %d | %s | %s | %s | %s |\n", s.name, s.IC, s.OC, cell(tf, fx + fy).c_str(),
+                cell(t0, fx + fy).c_str(), cell(t1, 2 * fx + fy).c_str(), cell(tw, fx + fy).c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  const bool profile = argc > 2 && std::string(argv[2]) == "--profile";
-  const int profiled = argc > 3 ? std::atoi(argv[3]) : 0;  // --profile's model: index into models[]
+  const std::string mode = argc > 2 ? argv[2] : "";
+  const bool profile = mode == "--profile";
+  const int picked = argc > 3 ? std::atoi(argv[3]) : (mode == "--only" ? -1 : 0);  // index into models[]
+  const int profiled = picked;
   if (!cuda::available()) {
     std::fprintf(stderr, "bench_cuda: no CUDA device\n");
     return 1;
@@ -90,6 +152,10 @@ int main(int argc, char** argv) {
       {"Transformer (P1: d128 L2 H4, MLP 512)",
        "{model_type: llama, hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 512}"},
   };
+  if (mode == "--gemm") {
+    bench_gemms(steps);
+    return 0;
+  }
   if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
     for (int B : {256, 1024}) {
       ExperimentConfig cfg = config(models[profiled].yaml, B, steps);
@@ -114,7 +180,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s, T = 40, %d timed steps each\n\n", cuda::device_name().c_str(), steps);
   std::printf("| model | batch | graph ms/step | eager ms/step | graph+data ms/step | tokens/s (graph+data) |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const M& m : models) {
+  for (int i = 0; i < int(std::size(models)); ++i) {
+    const M& m = models[i];
+    if (mode == "--only" && i != picked) continue;
     for (int B : {256, 1024}) {
       ExperimentConfig cfg = config(m.yaml, B, steps);
       double g = time_steps(cfg, steps, true, false);

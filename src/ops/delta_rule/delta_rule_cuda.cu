@@ -671,6 +671,31 @@ __device__ void lane_stage(float* w, const LaneSmem& L, const Args& a, const Seq
   __syncwarp();
 }
 
+// Shared memory serves a warp 32 floats per cycle, broadcasts included (a float4 load takes four
+// cycles), and reading the key row is what bounds these kernels: each row is loaded into
+// registers once per sub-step and used from there for every product with it.
+template <int DK>
+__device__ __forceinline__ void lane_row(float (&r)[DK], const float* x) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll
+  for (int i = 0; i < DK / 4; ++i) {
+    const float4 v = x4[i];
+    r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
+  }
+}
+template <int DK>
+__device__ __forceinline__ float reg_dot(const float (&S)[DK], const float (&r)[DK]) {
+  float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < DK; ++i) p[i % 4] = fmaf(r[i], S[i], p[i % 4]);
+  return (p[0] + p[1]) + (p[2] + p[3]);
+}
+template <int DK>
+__device__ __forceinline__ void reg_axpy(float (&S)[DK], const float (&r)[DK], float c) {
+#pragma unroll
+  for (int i = 0; i < DK; ++i) S[i] = fmaf(r[i], c, S[i]);
+}
+
 // x . S (x a DK-row of shared memory, read as float4 broadcasts), four partial sums.
 template <int DK>
 __device__ __forceinline__ float lane_dot(const float (&S)[DK], const float* x) {
@@ -736,8 +761,11 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Writes or adds one gradient element. Each element has one owner lane, so the add may be an
+// atomic (a fire-and-forget reduction: the warp does not wait for the old value, where `*p += x`
+// would stall it for a memory round trip per token) and still gives old + x exactly.
 __device__ __forceinline__ void put(float* p, float x, bool accumulate) {
-  if (accumulate) *p += x;
+  if (accumulate) atomicAdd(p, x);
   else *p = x;
 }
 
@@ -772,9 +800,10 @@ __global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_fwd_kernel(Args a)
       }
       for (int j = 0; j < nh; ++j) {
         const int r = tt * nh + j;
-        const float* kk = w + L.k + r * DK;
-        const float u = w[L.v + r * 32 + lane] - lane_dot<DK>(S, kk);
-        lane_axpy<DK>(S, kk, w[L.b + r] * u);
+        float kr[DK];
+        lane_row<DK>(kr, w + L.k + r * DK);
+        const float u = w[L.v + r * 32 + lane] - reg_dot<DK>(S, kr);
+        reg_axpy<DK>(S, kr, w[L.b + r] * u);
       }
       if (a.o && col) a.o[((size_t(b) * a.T + t0 + tt) * a.H + h) * a.Dv + lane] = a.scale * lane_dot<DK>(S, w + L.q + tt * DK);
     }
@@ -828,10 +857,11 @@ __global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_bwd_kernel(Args a)
       }
       for (int j = 0; j < nh; ++j) {
         const int r = tt * nh + j;
-        const float* kk = w + L.k + r * DK;
-        const float u = w[L.v + r * 32 + lane] - lane_dot<DK>(S, kk);
+        float kr[DK];
+        lane_row<DK>(kr, w + L.k + r * DK);
+        const float u = w[L.v + r * 32 + lane] - reg_dot<DK>(S, kr);
         w[L.u + r * 32 + lane] = u;
-        lane_axpy<DK>(S, kk, w[L.b + r] * u);
+        reg_axpy<DK>(S, kr, w[L.b + r] * u);
       }
       const float dot = w[L.dout + tt * 32 + lane];  // 0 in lanes >= Dv
 #pragma unroll
@@ -862,15 +892,18 @@ __global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_bwd_kernel(Args a)
       lane_axpy<DK>(dS, w + L.q + tt * DK, a.scale * w[L.dout + tt * 32 + lane]);
       for (int j = nh - 1; j >= 0; --j) {
         const int r = tt * nh + j;
-        const float* kk = w + L.k + r * DK;
+        float kr[DK];
+        lane_row<DK>(kr, w + L.k + r * DK);
         const float beta = w[L.b + r], u = w[L.u + r * 32 + lane], bu = beta * u;
-        lane_axpy<DK>(S, kk, -bu);  // S_prev = S - k (beta u)^T
-        const float wv = lane_dot<DK>(dS, kk);  // w = dS^T k
+        reg_axpy<DK>(S, kr, -bu);  // S_prev = S - k (beta u)^T
+        const float wv = reg_dot<DK>(dS, kr);  // w = dS^T k
         const float du = beta * wv;
         // dk = beta dS u - S_prev du (summed over columns) ; dS -= k du^T
 #pragma unroll
-        for (int i = 0; i < DK; ++i) x[i] = fmaf(dS[i], bu, -S[i] * du);
-        lane_axpy<DK>(dS, kk, -du);
+        for (int i = 0; i < DK; ++i) {
+          x[i] = fmaf(dS[i], bu, -S[i] * du);
+          dS[i] = fmaf(-kr[i], du, dS[i]);
+        }
         const float dkv = transpose_sum<DK>(x, lane);
         if (writer) put(dkb + size_t(t) * a.lk + size_t(j) * H * a.Dk + e, dkv, acc);
         if (col) put(dvb + size_t(t) * a.lv + size_t(j) * H * a.Dv + lane, du, acc);
