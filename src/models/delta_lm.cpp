@@ -279,11 +279,11 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
                                   H, Dv, c.W);
     else
       Ops::rmsnorm_backward(g.d2, G + w.o_norm, g.d1, a.o, P + w.o_norm, a.ro, N * H, Dv);
-    Ops::zero(g.dqkn, size_t(N) * c.Wqk());
     Ops::zero(g.dqkvc, size_t(N) * c.Wc());
-    if (s.use_forget_gate) Ops::zero(g.dlg, size_t(N) * H);
+    // The delta rule writes (not adds) dq|dk (all of dqkn), dv, dbeta and dg: no zeroing first.
     Ops::delta_rule_backward(g.dqkn, g.dqkn + c.k, g.dqkvc + c.v, g.dproj + c.b, s.use_forget_gate ? g.dlg : nullptr,
-                             g.d2, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt);
+                             g.d2, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt,
+                             /*accumulate=*/false);
     if (s.use_forget_gate)
       Ops::forget_gate_backward(g.dproj + c.a, G + w.A_log, G + w.dt_bias, g.dlg, a.proj + c.a, P + w.A_log,
                                 P + w.dt_bias, N, H, c.W);
