@@ -46,6 +46,7 @@
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -810,8 +811,8 @@ __global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_fwd_kernel(Args a)
   }
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_bwd_kernel(Args a) {
+template <int DK, int MinBlocks>
+__global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x * kLaneWarps + warp;
@@ -1072,8 +1073,12 @@ void zero_grad(float* p, long long rows, int cols, long long ld) {
 
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
-  if constexpr (DKP <= 32)
-    if (launch_lane<DKP, delta_lane_bwd_kernel<DKP>>(a, d, true)) return;
+  if constexpr (DKP <= 32) {
+    static const bool occ4 = std::getenv("LRNN_DELTA_OCC4") != nullptr;  // experiment: 128 registers
+    if (occ4 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
+             : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1>>(a, d, true))
+      return;
+  }
   if (!a.accumulate) {  // overwrite: the tiled kernel adds (with atomics when columns are split)
     const long long N = (long long)d.B * d.T;
     zero_grad(a.dq, N, d.H * d.Dk, a.lq);
