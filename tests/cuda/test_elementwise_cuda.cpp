@@ -5,6 +5,9 @@
 // cross_entropy_backward, which overwrites), outputs and gradients are compared over their whole
 // buffers, padding of strided layouts included (it is filled with the same random values on both
 // sides, so a stray write shows), and null optional gradients must leave their buffers alone.
+// rmsnorm, l2norm and short_conv backward also run with accumulate = false: the GPU's dx then
+// starts as NaN (padding excepted) and must equal the CPU's accumulate = true from zeros.
+// Their parameter sums (dw, dbias) must be bitwise reproducible where the kernels promise it.
 // Sizes are deliberately not multiples of the block sizes (N = 37, C = 129, ...), and some are
 // large enough that the capped grids loop. Skipped without a GPU.
 //
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 #include "cuda_test_util.h"
@@ -87,6 +91,19 @@ float max_abs(const std::vector<float>& v) {
   return m;
 }
 
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The starting dx of a backward run with accumulate = false: the CPU reference (accumulating)
+// starts from zeros, the GPU from NaN; only the first `cols` of every `ld`-long row are the op's
+// (the padding keeps its random values on both sides).
+void overwrite_start(std::vector<float>& cpu, std::vector<float>& gpu, size_t rows, int cols, int ld) {
+  for (size_t r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      cpu[r * ld + c] = 0.f;
+      gpu[r * ld + c] = kNaN;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding
 
@@ -128,34 +145,57 @@ TEST(CudaElementwise, Embedding) {
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
-void check_rmsnorm(int N, int C, double eps, bool with_dw, double xscale, bool zero_row, uint64_t seed) {
+// off: the device arrays start `off` floats into their buffers (off % 4 != 0: no float4 path).
+void check_rmsnorm(int N, int C, double eps, bool with_dw, double xscale, bool zero_row, uint64_t seed,
+                   bool accumulate = true, int off = 0, bool check_repeat = false) {
   SCOPED_TRACE("rmsnorm N=" + std::to_string(N) + " C=" + std::to_string(C) + " dw=" + std::to_string(with_dw) +
-               " xscale=" + std::to_string(xscale));
-  auto x = randn(size_t(N) * C, seed, xscale);
+               " xscale=" + std::to_string(xscale) + " accumulate=" + std::to_string(accumulate) +
+               " off=" + std::to_string(off));
+  const size_t NC = size_t(N) * C;
+  auto x = randn(NC, seed, xscale);
   if (zero_row) std::fill_n(x.begin() + size_t(N / 2) * C, C, 0.f);
   auto w = randu(C, seed + 1, 0.5, 1.5);
-  auto dout = randn(size_t(N) * C, seed + 2);
-  auto dx0 = randn(size_t(N) * C, seed + 3), dw0 = randn(C, seed + 4);
+  auto dout = randn(NC, seed + 2);
+  auto dx0 = randn(NC, seed + 3), dw0 = randn(C, seed + 4);
+  auto dx0_gpu = dx0;
+  if (!accumulate) overwrite_start(dx0, dx0_gpu, N, C, C);
 
-  std::vector<float> out(size_t(N) * C), rstd(N), dx = dx0, dw = dw0;
+  std::vector<float> out(NC), rstd(N), dx = dx0, dw = dw0;
   cpu::rmsnorm_forward<float>(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
   cpu::rmsnorm_backward<float>(dx.data(), with_dw ? dw.data() : nullptr, dout.data(), x.data(), w.data(),
                                rstd.data(), N, C);
 
-  auto X = to_device(x), Wt = to_device(w), Dout = to_device(dout);
-  auto Out = to_device(randn(size_t(N) * C, seed + 5)), Rstd = to_device(randn(N, seed + 6));
-  auto Dx = to_device(dx0), Dw = to_device(dw0);
-  gpu::rmsnorm_forward(Out.data(), Rstd.data(), X.data(), Wt.data(), N, C, eps);
-  gpu::rmsnorm_backward(Dx.data(), with_dw ? Dw.data() : nullptr, Dout.data(), X.data(), Wt.data(), Rstd.data(), N,
-                        C);
-  expect_close(Out.download(), out, kFwdAtol, kFwdRtol, "rmsnorm out");
+  // Device copies `off` floats into buffers one `off` longer.
+  auto shifted = [off](const std::vector<float>& v) {
+    std::vector<float> s(v.size() + off, 0.f);
+    std::copy(v.begin(), v.end(), s.begin() + off);
+    return to_device(s);
+  };
+  auto tail = [off](const Buffer<float>& b) {
+    auto v = b.download();
+    return std::vector<float>(v.begin() + off, v.end());
+  };
+  auto X = shifted(x), Wt = shifted(w), Dout = shifted(dout);
+  auto Out = shifted(randn(NC, seed + 5)), Rstd = to_device(randn(N, seed + 6));
+  auto Dx = shifted(dx0_gpu), Dw = to_device(dw0);
+  gpu::rmsnorm_forward(Out.data() + off, Rstd.data(), X.data() + off, Wt.data() + off, N, C, eps);
+  gpu::rmsnorm_backward(Dx.data() + off, with_dw ? Dw.data() : nullptr, Dout.data() + off, X.data() + off,
+                        Wt.data() + off, Rstd.data(), N, C, accumulate);
+  expect_close(tail(Out), out, kFwdAtol, kFwdRtol, "rmsnorm out");
   expect_close(Rstd.download(), rstd, kFwdAtol, kFwdRtol, "rmsnorm rstd");
-  expect_close(Dx.download(), dx, kGradAtol, kGradRtol, "rmsnorm dx");
+  expect_close(tail(Dx), dx, kGradAtol, kGradRtol, "rmsnorm dx");
   std::vector<double> abs_terms(C, 0.0);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c)
       abs_terms[c] += std::fabs(double(dout[size_t(n) * C + c]) * x[size_t(n) * C + c] * rstd[n]);
-  expect_close(Dw.download(), dw, sum_atol(max_of(abs_terms)), kSumRtol, "rmsnorm dw");
+  const auto dw_gpu = Dw.download();
+  expect_close(dw_gpu, dw, sum_atol(max_of(abs_terms)), kSumRtol, "rmsnorm dw");
+  if (check_repeat && with_dw) {  // the dw sums come out bitwise the same on a second run
+    auto Dw2 = to_device(dw0), Dx2 = shifted(dx0_gpu);
+    gpu::rmsnorm_backward(Dx2.data() + off, Dw2.data(), Dout.data() + off, X.data() + off, Wt.data() + off,
+                          Rstd.data(), N, C, accumulate);
+    EXPECT_EQ(Dw2.download(), dw_gpu) << "rmsnorm dw not reproducible";
+  }
 }
 
 TEST(CudaElementwise, RmsNorm) {
@@ -170,27 +210,52 @@ TEST(CudaElementwise, RmsNorm) {
   check_rmsnorm(5, 1600, 1e-5, true, 1.0, false, 17);    // dw partials larger than shared memory
 }
 
+// The benchmark's shapes (DeltaNet d=128, 4 heads of 32, T=40; B=64 instead of 1024), rows of
+// every kernel variant (float4 with 4..32 lanes per row and 1..8 float4s per lane, scalar, the
+// general kernels), and dx overwritten (accumulate = false) over a NaN-filled buffer.
+TEST(CudaElementwise, RmsNormShapesAndOverwrite) {
+  LRNN_REQUIRE_GPU();
+  for (bool acc : {true, false}) {
+    check_rmsnorm(64 * 40, 128, 1e-6, true, 1.0, false, 200, acc, 0, true);      // the hidden rows
+    check_rmsnorm(64 * 40 * 4, 32, 1e-6, true, 1.0, false, 201, acc, 0, true);   // the per-head o_norm rows
+    check_rmsnorm(37, 129, 1e-5, true, 1.0, false, 202, acc);                    // scalar, 5 values per lane
+    check_rmsnorm(50, 4, 1e-5, true, 1.0, false, 203, acc);                      // 4-lane groups
+    check_rmsnorm(45, 64, 1e-5, true, 1.0, false, 204, acc);                     // 16-lane groups
+    check_rmsnorm(33, 256, 1e-5, true, 1.0, false, 205, acc);                    // 2 float4 per lane
+    check_rmsnorm(19, 1024, 1e-5, true, 1.0, false, 206, acc);                   // 8 float4 per lane
+    check_rmsnorm(21, 1030, 1e-5, true, 1.0, false, 207, acc);                   // general kernel
+    check_rmsnorm(5, 1600, 1e-5, true, 1.0, false, 208, acc);                    // general kernel, dw atomics
+    check_rmsnorm(40, 128, 1e-5, true, 1.0, false, 209, acc, 1);                 // misaligned: scalar path
+    check_rmsnorm(40, 32, 1e-5, false, 1.0, false, 210, acc);                    // dw null
+    check_rmsnorm(1, 32, 1e-5, true, 1.0, false, 211, acc);                      // one row
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // L2 norm
 
-void check_l2norm(int N, int D, int heads, int ldx, int ldy, double xscale, bool zero_row, uint64_t seed) {
+void check_l2norm(int N, int D, int heads, int ldx, int ldy, double xscale, bool zero_row, uint64_t seed,
+                  bool accumulate = true) {
   SCOPED_TRACE("l2norm N=" + std::to_string(N) + " D=" + std::to_string(D) + " heads=" + std::to_string(heads) +
-               " ldx=" + std::to_string(ldx) + " ldy=" + std::to_string(ldy));
+               " ldx=" + std::to_string(ldx) + " ldy=" + std::to_string(ldy) +
+               " accumulate=" + std::to_string(accumulate));
   const double eps = 1e-6;
   const int lx = ldx ? ldx : heads * D, ly = ldy ? ldy : heads * D;
   auto x = randn(size_t(N) * lx, seed, xscale);
   if (zero_row) std::fill_n(x.begin() + size_t(N / 2) * lx + D, D, 0.f);  // token N/2, head 1
   auto y0 = randn(size_t(N) * ly, seed + 1), dy = randn(size_t(N) * ly, seed + 2);
   auto dx0 = randn(size_t(N) * lx, seed + 3);
+  auto dx0_gpu = dx0;
+  if (!accumulate) overwrite_start(dx0, dx0_gpu, N, heads * D, lx);
 
   std::vector<float> y = y0, rstd(size_t(N) * heads), dx = dx0;
   cpu::l2norm_forward<float>(y.data(), rstd.data(), x.data(), N, D, eps, heads, ldx, ldy);
   cpu::l2norm_backward<float>(dx.data(), dy.data(), y.data(), rstd.data(), N, D, heads, ldx, ldy);
 
-  auto X = to_device(x), Y = to_device(y0), Dy = to_device(dy), Dx = to_device(dx0);
+  auto X = to_device(x), Y = to_device(y0), Dy = to_device(dy), Dx = to_device(dx0_gpu);
   auto Rstd = to_device(randn(size_t(N) * heads, seed + 4));
   gpu::l2norm_forward(Y.data(), Rstd.data(), X.data(), N, D, eps, heads, ldx, ldy);
-  gpu::l2norm_backward(Dx.data(), Dy.data(), Y.data(), Rstd.data(), N, D, heads, ldx, ldy);
+  gpu::l2norm_backward(Dx.data(), Dy.data(), Y.data(), Rstd.data(), N, D, heads, ldx, ldy, accumulate);
   expect_close(Y.download(), y, kFwdAtol, kFwdRtol, "l2norm y");
   expect_close(Rstd.download(), rstd, kFwdAtol, kFwdRtol, "l2norm rstd");
   expect_close(Dx.download(), dx, kGradAtol, kGradRtol, "l2norm dx");
@@ -204,6 +269,24 @@ TEST(CudaElementwise, L2Norm) {
   check_l2norm(50, 16, 4, 70, 0, 1.0, false, 23);                     // D < 32
   check_l2norm(41, 32, 4, 0, 0, 1e-4, true, 24);                      // tiny rows (eps matters), a zero row
   check_l2norm(3000, 32, 4, 0, 0, 1.0, false, 25);
+}
+
+// The benchmark's layout (q|k heads of a fused q|k|v row of 384 in, a q|k row of 256 out; B=64
+// instead of 1024), every kernel variant, and dx overwritten over a NaN-filled buffer.
+TEST(CudaElementwise, L2NormShapesAndOverwrite) {
+  LRNN_REQUIRE_GPU();
+  for (bool acc : {true, false}) {
+    check_l2norm(64 * 40, 32, 8, 384, 256, 1.0, false, 220, acc);   // the benchmark layout
+    check_l2norm(37, 32, 8, 8 * 32 + 3, 0, 1.0, false, 221, acc);   // odd ldx: scalar path
+    check_l2norm(37, 32, 8, 0, 8 * 32 + 2, 1.0, false, 222, acc);   // ldy % 4 != 0: scalar path
+    check_l2norm(29, 33, 3, 0, 0, 1.0, false, 223, acc);            // D not a multiple of 4
+    check_l2norm(30, 4, 5, 0, 0, 1.0, false, 224, acc);             // 4-lane groups, one float4 used
+    check_l2norm(25, 64, 3, 200, 0, 1.0, false, 225, acc);          // 16-lane groups
+    check_l2norm(11, 512, 2, 0, 0, 1.0, false, 226, acc);           // 4 float4 per lane
+    check_l2norm(7, 1100, 2, 0, 0, 1.0, false, 227, acc);           // general kernel (one warp per row)
+    check_l2norm(41, 32, 4, 0, 0, 1e-4, true, 228, acc);            // tiny rows and a zero row
+    check_l2norm(1, 32, 1, 0, 0, 1.0, false, 229, acc);             // one row: 3 idle groups in the warp
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,10 +441,11 @@ TEST(CudaElementwise, SwiGlu) {
 // Short convolution
 
 void check_short_conv(int B, int T, int C, int K, int ldx, int ldo, bool with_bias, bool with_grads,
-                      uint64_t seed) {
+                      uint64_t seed, bool accumulate = true, bool check_repeat = false) {
   SCOPED_TRACE("short_conv B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                " K=" + std::to_string(K) + " ldx=" + std::to_string(ldx) + " ldo=" + std::to_string(ldo) +
-               " bias=" + std::to_string(with_bias) + " grads=" + std::to_string(with_grads));
+               " bias=" + std::to_string(with_bias) + " grads=" + std::to_string(with_grads) +
+               " accumulate=" + std::to_string(accumulate));
   const int lx = ldx ? ldx : C, lo = ldo ? ldo : C;
   const size_t N = size_t(B) * T;
   auto x = randn(N * lx, seed, 1.5);
@@ -370,6 +454,8 @@ void check_short_conv(int B, int T, int C, int K, int ldx, int ldo, bool with_bi
   auto dout = randn(N * lo, seed + 3);
   auto out0 = randn(N * lo, seed + 4), dx0 = randn(N * lx, seed + 5);
   auto dw0 = randn(size_t(C) * K, seed + 6), db0 = randn(C, seed + 7);
+  auto dx0_gpu = dx0;
+  if (!accumulate) overwrite_start(dx0, dx0_gpu, N, C, lx);
 
   const float* wp = K ? w.data() : nullptr;
   std::vector<float> out = out0, dx = dx0, dw = dw0, db = db0;
@@ -379,11 +465,23 @@ void check_short_conv(int B, int T, int C, int K, int ldx, int ldo, bool with_bi
                                   with_grads && with_bias ? db.data() : nullptr);
 
   auto X = to_device(x), Wt = K ? to_device(w) : Buffer<float>(), Bias = to_device(bias), Dout = to_device(dout);
-  auto Out = to_device(out0), Dx = to_device(dx0), Dw = K ? to_device(dw0) : Buffer<float>(), Db = to_device(db0);
+  auto Out = to_device(out0), Dx = to_device(dx0_gpu), Dw = K ? to_device(dw0) : Buffer<float>(),
+       Db = to_device(db0);
   const float* wd = K ? Wt.data() : nullptr;
   gpu::short_conv_forward(Out.data(), X.data(), wd, B, T, C, K, ldx, ldo, with_bias ? Bias.data() : nullptr);
   gpu::short_conv_backward(Dx.data(), with_grads && K ? Dw.data() : nullptr, Dout.data(), X.data(), wd, B, T, C, K,
-                           ldx, ldo, with_bias ? Bias.data() : nullptr, with_grads && with_bias ? Db.data() : nullptr);
+                           ldx, ldo, with_bias ? Bias.data() : nullptr, with_grads && with_bias ? Db.data() : nullptr,
+                           accumulate);
+  if (check_repeat && with_grads) {  // K <= 4: the dw / dbias sums are bitwise reproducible
+    auto Dx2 = to_device(dx0_gpu), Dw2 = K ? to_device(dw0) : Buffer<float>(), Db2 = to_device(db0);
+    gpu::short_conv_backward(Dx2.data(), K ? Dw2.data() : nullptr, Dout.data(), X.data(), wd, B, T, C, K, ldx, ldo,
+                             with_bias ? Bias.data() : nullptr, with_bias ? Db2.data() : nullptr, accumulate);
+    if (K) {
+      EXPECT_EQ(Dw2.download(), Dw.download()) << "short_conv dw not reproducible";
+    }
+    EXPECT_EQ(Db2.download(), Db.download()) << "short_conv dbias not reproducible";
+    EXPECT_EQ(Dx2.download(), Dx.download()) << "short_conv dx not reproducible";
+  }
   expect_close(Out.download(), out, kFwdAtol, kFwdRtol, "short_conv out");
   expect_close(Dx.download(), dx, kGradAtol, kGradRtol, "short_conv dx");
   // |terms| of the sums: |dpre| (dbias) and |dpre x| (dw), dpre = dout silu'(pre), in double.
@@ -415,6 +513,31 @@ TEST(CudaElementwise, ShortConv) {
   check_short_conv(1, 3, 8, 4, 0, 0, true, true, 101);    // T < K
   check_short_conv(2, 100, 24, 10, 0, 0, true, true, 102);  // K > 8 taps: two passes for dw
   check_short_conv(4, 1024, 128, 4, 3 * 128, 128, false, true, 103);  // a DeltaNet-like layer
+}
+
+// The benchmark's layout (q|k|v columns of a fused projection row of 388 in, rows of 384 out,
+// K = 4, no bias), odd shapes, and dx overwritten (accumulate = false) over a NaN-filled buffer.
+TEST(CudaElementwise, ShortConvShapesAndOverwrite) {
+  LRNN_REQUIRE_GPU();
+  for (bool acc : {true, false}) {
+    check_short_conv(64, 40, 384, 4, 388, 384, false, true, 300, acc, true);  // the benchmark layout, B = 64
+    check_short_conv(3, 40, 384, 4, 388, 384, true, true, 301, acc, true);    // with bias; few rows: short chunks
+    for (int K : {0, 1, 2, 3, 4, 9}) {
+      check_short_conv(2, 1, 24, K, 0, 0, true, true, 310 + K, acc);         // T = 1
+      check_short_conv(2, 70, 24, K, 27, 0, true, true, 320 + K, acc);       // T = 70 (chunks, T > 64), odd ldx
+      check_short_conv(3, 37, 30, K, 0, 0, true, true, 330 + K, acc);        // C % 4 == 2: float2 path
+      check_short_conv(2, 45, 33, K, 35, 37, true, true, 340 + K, acc);      // C odd: scalar path
+      check_short_conv(2, 19, 40, K, 44, 41, false, false, 350 + K, acc);    // dw, dbias null; odd ldo
+    }
+    check_short_conv(2, 3, 8, 4, 0, 0, true, true, 360, acc);     // T < K
+    check_short_conv(1, 130, 264, 4, 0, 0, true, true, 361, acc, true);  // 3 channel tiles, last partial
+  }
+}
+
+// The benchmark's full batch (B = 1024, T = 40): the launch plan of the real step.
+TEST(CudaElementwise, ShortConvBenchmarkBatch) {
+  LRNN_REQUIRE_GPU();
+  check_short_conv(1024, 40, 384, 4, 388, 384, false, true, 370, false, true);
 }
 
 // ---------------------------------------------------------------------------------------------

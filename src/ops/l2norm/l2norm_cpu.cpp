@@ -1,4 +1,5 @@
 #include "ops/l2norm/l2norm.h"
+#include <algorithm>
 #include <cmath>
 
 namespace lrnn::ops {
@@ -21,7 +22,8 @@ void l2norm_forward(T* y, T* rstd, const T* x, int N, int D, double eps, int hea
 }
 
 template <class T>
-void l2norm_backward(T* dx, const T* dy, const T* y, const T* rstd, int N, int D, int heads, int ldx, int ldy) {
+void l2norm_backward(T* dx, const T* dy, const T* y, const T* rstd, int N, int D, int heads, int ldx, int ldy,
+                     bool accumulate) {
   if (!ldx) ldx = heads * D;
   if (!ldy) ldy = heads * D;
 #pragma omp parallel for schedule(static)
@@ -33,13 +35,14 @@ void l2norm_backward(T* dx, const T* dy, const T* y, const T* rstd, int N, int D
       const T r = rstd[size_t(n) * heads + h];
       T dot = 0;
       for (int d = 0; d < D; ++d) dot += yr[d] * g[d];
+      if (!accumulate) std::fill_n(dxr, D, T(0));  // overwrite = exactly zero-fill + accumulate
       for (int d = 0; d < D; ++d) dxr[d] += r * (g[d] - yr[d] * dot);
     }
 }
 
 #define INST(T)                                                                                  \
   template void l2norm_forward<T>(T*, T*, const T*, int, int, double, int, int, int);           \
-  template void l2norm_backward<T>(T*, const T*, const T*, const T*, int, int, int, int, int);
+  template void l2norm_backward<T>(T*, const T*, const T*, const T*, int, int, int, int, int, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

@@ -1,6 +1,14 @@
-// CUDA per-head L2 normalisation (contract: l2norm_cuda.h / l2norm.h): one warp per (token,
-// head) row of D (D = 32 in the models: one element per lane).
+// CUDA per-head L2 normalisation (contract: l2norm_cuda.h / l2norm.h).
+//
+// A group of G lanes (G = 4 .. 32, a power of two dividing the warp) owns one (token, head) row
+// of D; each lane holds NCH vectors of VW floats of it in registers (VW = 4: float4 loads when
+// D, ldx, ldy and the pointers allow it). The row's sum is a butterfly over the group's lanes.
+// D = 32 (the models): 8 lanes of one float4 each, 4 rows per warp. One pass over the data:
+// forward reads x and writes y (and rstd), backward reads y, dy (and dx when accumulating) and
+// writes dx. Rows longer than 32 lanes x 8 vectors (D > 1024 with float4, > 256 without) take
+// the general kernels (one warp per row).
 #include "ops/l2norm/l2norm_cuda.h"
+#include <cstdint>
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
@@ -8,6 +16,152 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+
+template <int VW>
+__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {
+  if constexpr (VW == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else {
+    r[0] = __ldg(p);
+  }
+}
+template <int VW>
+__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {
+  if constexpr (VW == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else {
+    r[0] = *p;
+  }
+}
+template <int VW>
+__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
+  if constexpr (VW == 4) *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+  else *p = r[0];
+}
+
+// Sum over the G lanes of a group (all 32 lanes of the warp must call it).
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One row per group; grid ceil(R G / kThreads). Lanes of groups past the last row take part in
+// the shuffles with zeros.
+template <int VW, int G, int NCH>
+__global__ void __launch_bounds__(kThreads) l2norm_fwd_vec(float* __restrict__ y, float* __restrict__ rstd,
+                                                           const float* __restrict__ x, int R, int D, int heads,
+                                                           int ldx, int ldy, float eps) {
+  const int gl = threadIdx.x % G;
+  const long long rowl = ((long long)blockIdx.x * kThreads + threadIdx.x) / G;
+  const bool ok = rowl < R;
+  const int row = ok ? int(rowl) : 0;
+  const int n = row / heads, h = row - n * heads;
+  const float* xr = x + size_t(n) * ldx + size_t(h) * D;
+  float* yr = y + size_t(n) * ldy + size_t(h) * D;
+  float v[NCH][VW];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int d = (gl + i * G) * VW;
+    if (ok && d < D) {
+      load_ro(v[i], xr + d);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) v[i][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
+  }
+  ss = group_sum<G>(ss);
+  const float r = 1.f / sqrtf(ss + eps);
+  if (ok && gl == 0) rstd[row] = r;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int d = (gl + i * G) * VW;
+    if (ok && d < D) {
+      float o[VW];
+#pragma unroll
+      for (int k = 0; k < VW; ++k) o[k] = v[i][k] * r;
+      store(yr + d, o);
+    }
+  }
+}
+
+template <int VW, int G, int NCH>
+__global__ void __launch_bounds__(kThreads) l2norm_bwd_vec(float* __restrict__ dx, const float* __restrict__ dy,
+                                                           const float* __restrict__ y,
+                                                           const float* __restrict__ rstd, int R, int D, int heads,
+                                                           int ldx, int ldy, bool accumulate) {
+  const int gl = threadIdx.x % G;
+  const long long rowl = ((long long)blockIdx.x * kThreads + threadIdx.x) / G;
+  const bool ok = rowl < R;
+  const int row = ok ? int(rowl) : 0;
+  const int n = row / heads, h = row - n * heads;
+  const float* yr = y + size_t(n) * ldy + size_t(h) * D;
+  const float* g = dy + size_t(n) * ldy + size_t(h) * D;
+  float* dxr = dx + size_t(n) * ldx + size_t(h) * D;
+  float yv[NCH][VW], gv[NCH][VW];
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int d = (gl + i * G) * VW;
+    if (ok && d < D) {
+      load_ro(yv[i], yr + d);
+      load_ro(gv[i], g + d);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) yv[i][k] = gv[i][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VW; ++k) dot += yv[i][k] * gv[i][k];
+  }
+  dot = group_sum<G>(dot);
+  const float r = ok ? __ldg(rstd + row) : 0.f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int d = (gl + i * G) * VW;
+    if (ok && d < D) {
+      float o[VW];
+#pragma unroll
+      for (int k = 0; k < VW; ++k) o[k] = r * (gv[i][k] - yv[i][k] * dot);
+      if (accumulate) {
+        float old[VW];
+        load_rw(old, dxr + d);
+#pragma unroll
+        for (int k = 0; k < VW; ++k) o[k] = old[k] + o[k];
+      }
+      store(dxr + d, o);
+    }
+  }
+}
+
+// Which vector kernel a row of D takes: VW floats per load, G lanes per row, NCH vectors per
+// lane (G NCH VW >= D); G = 0: none (the general kernels).
+struct RowPlan {
+  int VW = 1, G = 0, NCH = 1;
+};
+RowPlan plan_row(int D, int vw) {
+  RowPlan p;
+  p.VW = vw;
+  const int nv = (D + vw - 1) / vw;  // vectors per row
+  if (nv <= 32) {
+    p.G = nv <= 4 ? 4 : nv <= 8 ? 8 : nv <= 16 ? 16 : 32;
+  } else {
+    const int per_lane = (nv + 31) / 32;
+    if (per_lane > 8) return p;
+    p.G = 32;
+    p.NCH = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
+  }
+  return p;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- general kernels (rows longer than the vector kernels take): one warp per row ----------
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -36,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) l2norm_backward_kernel(float* __rest
                                                                    const float* __restrict__ dy,
                                                                    const float* __restrict__ y,
                                                                    const float* __restrict__ rstd, int R, int D,
-                                                                   int heads, int ldx, int ldy) {
+                                                                   int heads, int ldx, int ldy, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row >= R) return;
@@ -48,7 +202,58 @@ __global__ void __launch_bounds__(kThreads) l2norm_backward_kernel(float* __rest
   float dot = 0.f;
   for (int d = lane; d < D; d += 32) dot += yr[d] * g[d];
   dot = warp_sum(dot);
-  for (int d = lane; d < D; d += 32) dxr[d] += r * (g[d] - yr[d] * dot);
+  for (int d = lane; d < D; d += 32) {
+    const float v = r * (g[d] - yr[d] * dot);
+    dxr[d] = accumulate ? dxr[d] + v : v;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+struct FwdLaunch {
+  float* y;
+  float* rstd;
+  const float* x;
+  int R, D, heads, ldx, ldy;
+  float eps;
+  template <int VW, int G, int NCH>
+  void run() const {
+    const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(R) * G, kThreads);
+    l2norm_fwd_vec<VW, G, NCH><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(y, rstd, x, R, D, heads, ldx, ldy,
+                                                                              eps);
+  }
+};
+struct BwdLaunch {
+  float* dx;
+  const float *dy, *y, *rstd;
+  int R, D, heads, ldx, ldy;
+  bool accumulate;
+  template <int VW, int G, int NCH>
+  void run() const {
+    const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(R) * G, kThreads);
+    l2norm_bwd_vec<VW, G, NCH><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dx, dy, y, rstd, R, D, heads, ldx,
+                                                                              ldy, accumulate);
+  }
+};
+
+// Runs f.run<VW, G, NCH>() for the plan; false when no vector kernel fits.
+template <class F>
+bool dispatch(const RowPlan& p, const F& f) {
+#define LRNN_L2_CASE(vw_, g_, nch_)                         \
+  if (p.VW == vw_ && p.G == g_ && p.NCH == nch_) {          \
+    f.template run<vw_, g_, nch_>();                        \
+    return true;                                            \
+  }
+#define LRNN_L2_CASES(vw_)                                                                          \
+  LRNN_L2_CASE(vw_, 4, 1) LRNN_L2_CASE(vw_, 8, 1) LRNN_L2_CASE(vw_, 16, 1) LRNN_L2_CASE(vw_, 32, 1) \
+  LRNN_L2_CASE(vw_, 32, 2) LRNN_L2_CASE(vw_, 32, 4) LRNN_L2_CASE(vw_, 32, 8)
+  LRNN_L2_CASES(4)
+  LRNN_L2_CASES(1)
+#undef LRNN_L2_CASES
+#undef LRNN_L2_CASE
+  return false;
 }
 
 }  // namespace
@@ -58,19 +263,25 @@ void l2norm_forward(float* y, float* rstd, const float* x, int N, int D, double 
   if (!ldy) ldy = heads * D;
   const long long R = (long long)N * heads;
   if (R <= 0 || D <= 0) return;
-  l2norm_forward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
-      y, rstd, x, int(R), D, heads, ldx, ldy, float(eps));
+  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(x) && aligned16(y);
+  const RowPlan p = plan_row(D, vec ? 4 : 1);
+  if (!dispatch(p, FwdLaunch{y, rstd, x, int(R), D, heads, ldx, ldy, float(eps)}))
+    l2norm_forward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
+        y, rstd, x, int(R), D, heads, ldx, ldy, float(eps));
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void l2norm_backward(float* dx, const float* dy, const float* y, const float* rstd, int N, int D, int heads, int ldx,
-                     int ldy) {
+                     int ldy, bool accumulate) {
   if (!ldx) ldx = heads * D;
   if (!ldy) ldy = heads * D;
   const long long R = (long long)N * heads;
   if (R <= 0 || D <= 0) return;
-  l2norm_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
-      dx, dy, y, rstd, int(R), D, heads, ldx, ldy);
+  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(y);
+  const RowPlan p = plan_row(D, vec ? 4 : 1);
+  if (!dispatch(p, BwdLaunch{dx, dy, y, rstd, int(R), D, heads, ldx, ldy, accumulate}))
+    l2norm_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
+        dx, dy, y, rstd, int(R), D, heads, ldx, ldy, accumulate);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,4 +1,5 @@
 #include "ops/rmsnorm/rmsnorm.h"
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include <omp.h>
@@ -21,7 +22,8 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int N, int C, doub
 
 // y = x r w, r = (mean x^2 + eps)^-1/2  =>  dx = r w dy - x r^3/C * sum(dy w x),  dw = sum_n dy x r
 template <class T>
-void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C) {
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C,
+                      bool accumulate) {
   int nt = omp_get_max_threads();
   // Per-thread partial dw, summed in thread order: deterministic for a fixed thread count.
   std::vector<T> part(dw ? size_t(nt) * C : 0, T(0));
@@ -36,6 +38,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
       T r = rstd[n], dot = 0;
       for (int c = 0; c < C; ++c) dot += d[c] * w[c] * xr[c];
       T k = dot * r * r * r / T(C);
+      if (!accumulate) std::fill_n(g, C, T(0));  // overwrite = exactly zero-fill + accumulate
       for (int c = 0; c < C; ++c) g[c] += r * w[c] * d[c] - xr[c] * k;
       if (mine)
         for (int c = 0; c < C; ++c) mine[c] += d[c] * xr[c] * r;
@@ -48,7 +51,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
 
 #define INST(T)                                                                                \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, double);             \
-  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

@@ -1,19 +1,257 @@
-// CUDA RMSNorm (contract: rmsnorm_cuda.h / rmsnorm.h): one warp per row of C.
+// CUDA RMSNorm (contract: rmsnorm_cuda.h / rmsnorm.h).
 //
-// Backward: dx per row as in the CPU reference; dw [C] is summed per warp into its own slice of
-// shared memory (each lane owns channels lane, lane + 32, ..., so no races), the slices of a
-// block are added and the block issues one atomicAdd per channel. The grid is capped so a warp
-// walks several rows (fewer atomics); the order of the atomics is not deterministic.
+// A group of G lanes (G = 4 .. 32, a power of two dividing the warp) owns one row of C; each
+// lane holds NCH vectors of VW floats of it in registers (VW = 4: float4 loads when C and the
+// pointers allow it). The row sums are butterflies over the group's lanes. C = 128: one warp
+// per row, one float4 per lane; C = 32 (DeltaNet's per-head o_norm): 8 lanes per row, 4 rows
+// per warp. One pass over the data: forward reads x and writes out, backward reads x, dout (and
+// dx when accumulating) and writes dx.
+//
+// Backward dw: the grid is about one wave of blocks, each group walks rows with a grid stride
+// and keeps its lanes' dw sums in registers; a block then sums its groups in shared memory (a
+// fixed order) into one partial row of C in the device scratch, and a second small kernel adds
+// the blocks' partials to dw in a fixed order: deterministic, no atomics.
+//
+// Rows longer than 32 lanes x 8 vectors (C > 1024 with float4, > 256 without) take the general
+// kernels (one warp per row; dw per block in shared memory, then atomics).
 #include "ops/rmsnorm/rmsnorm_cuda.h"
+#include <algorithm>
+#include <cstdint>
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // forward blocks; general kernels
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxBlocks = 1024;  // backward grid cap (~ one full wave on an H100/H200)
+constexpr int kMaxBlocks = 1024;  // general backward grid cap (~ one full wave on an H100/H200)
 constexpr size_t kMaxSmem = 48 * 1024;
+constexpr long long kScratchFloats = (1 << 20) / sizeof(float);  // lrnn::cuda::scratch capacity
+
+// Backward blocks: 512 threads (3 resident per SM: <= 40 registers) when a lane holds one vector
+// (C <= 128 with float4), 512 / 256 threads for longer rows (more registers).
+template <int NCH>
+__host__ __device__ constexpr int bwd_threads() {
+  return NCH <= 2 ? 512 : 256;
+}
+template <int NCH>
+__host__ __device__ constexpr int bwd_min_blocks() {
+  return NCH == 1 ? 3 : 1;
+}
+
+template <int VW>
+__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {
+  if constexpr (VW == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else {
+    r[0] = __ldg(p);
+  }
+}
+template <int VW>
+__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {
+  if constexpr (VW == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else {
+    r[0] = *p;
+  }
+}
+template <int VW>
+__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
+  if constexpr (VW == 4) *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+  else *p = r[0];
+}
+
+// Sum over the G lanes of a group (all 32 lanes of the warp must call it).
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One row per group; grid ceil(N G / kThreads). Lanes of groups past the last row take part in
+// the shuffles with zeros.
+template <int VW, int G, int NCH>
+__global__ void __launch_bounds__(kThreads) rmsnorm_fwd_vec(float* __restrict__ out, float* __restrict__ rstd,
+                                                            const float* __restrict__ x, const float* __restrict__ w,
+                                                            int N, int C, float eps) {
+  const int gl = threadIdx.x % G;
+  const long long rowl = ((long long)blockIdx.x * kThreads + threadIdx.x) / G;
+  const bool ok = rowl < N;
+  const size_t row = ok ? size_t(rowl) : 0;
+  const float* xr = x + row * C;
+  float* o = out + row * C;
+  float v[NCH][VW];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int c = (gl + i * G) * VW;
+    if (ok && c < C) {
+      load_ro(v[i], xr + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) v[i][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
+  }
+  ss = group_sum<G>(ss);
+  const float r = 1.f / sqrtf(ss / float(C) + eps);
+  if (ok && gl == 0) rstd[row] = r;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int c = (gl + i * G) * VW;
+    if (ok && c < C) {
+      float wv[VW], y[VW];
+      load_ro(wv, w + c);
+#pragma unroll
+      for (int k = 0; k < VW; ++k) y[k] = v[i][k] * r * wv[k];
+      store(o + c, y);
+    }
+  }
+}
+
+// Grid-stride over rows (warp-uniform loop: every lane of a warp runs the same iterations, so
+// the shuffles always have the whole warp). part[blockIdx.x][C]: the block's dw sums (when
+// want_dw).
+template <int VW, int G, int NCH>
+__global__ void __launch_bounds__(bwd_threads<NCH>(), bwd_min_blocks<NCH>()) rmsnorm_bwd_vec(
+    float* __restrict__ dx, float* __restrict__ part, const float* __restrict__ dout, const float* __restrict__ x,
+    const float* __restrict__ w, const float* __restrict__ rstd, int N, int C, bool want_dw, bool accumulate) {
+  constexpr int kT = bwd_threads<NCH>();
+  constexpr int kGroups = kT / G;  // groups per block
+  const int gl = threadIdx.x % G;
+  const int gw = (threadIdx.x % 32) / G;  // group within its warp
+  const long long gid = (long long)blockIdx.x * kGroups + threadIdx.x / G;
+  const long long stride = (long long)gridDim.x * kGroups;
+  float wv[NCH][VW], acc[NCH][VW];
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int c = (gl + i * G) * VW;
+    if (c < C) {
+      load_ro(wv[i], w + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) wv[i][k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < VW; ++k) acc[i][k] = 0.f;
+  }
+  for (long long base = gid - gw; base < N; base += stride) {  // base: the warp's first group's row
+    const long long rowl = base + gw;
+    const bool ok = rowl < N;
+    const size_t off = ok ? size_t(rowl) * C : 0;
+    float xv[NCH][VW], gv[NCH][VW];
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      const int c = (gl + i * G) * VW;
+      if (ok && c < C) {
+        load_ro(xv[i], x + off + c);
+        load_ro(gv[i], dout + off + c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VW; ++k) xv[i][k] = gv[i][k] = 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < VW; ++k) dot += gv[i][k] * wv[i][k] * xv[i][k];
+    }
+    dot = group_sum<G>(dot);
+    const float r = ok ? __ldg(rstd + rowl) : 0.f;
+    const float kk = dot * r * r * r / float(C);
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      const int c = (gl + i * G) * VW;
+      if (ok && c < C) {
+        float o[VW];
+#pragma unroll
+        for (int k = 0; k < VW; ++k) {
+          o[k] = r * wv[i][k] * gv[i][k] - xv[i][k] * kk;
+          acc[i][k] += gv[i][k] * xv[i][k] * r;
+        }
+        if (accumulate) {
+          float old[VW];
+          load_rw(old, dx + off + c);
+#pragma unroll
+          for (int k = 0; k < VW; ++k) o[k] = old[k] + o[k];
+        }
+        store(dx + off + c, o);
+      }
+    }
+  }
+  if (!want_dw) return;  // uniform over the grid
+  // Sum the block's groups: for chunk i, thread t = group * G + gl puts its VW sums (channels
+  // i G VW + gl VW + k) at red[t VW + k]; thread j < G VW then adds red[group G VW + j] over the
+  // groups for channel i G VW + j.
+  __shared__ float red[kT * VW];
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+#pragma unroll
+    for (int k = 0; k < VW; ++k) red[threadIdx.x * VW + k] = acc[i][k];
+    __syncthreads();
+    const int j = threadIdx.x, c = i * G * VW + j;
+    if (j < G * VW && c < C) {
+      float s = 0.f;
+      for (int g = 0; g < kGroups; ++g) s += red[g * G * VW + j];
+      part[size_t(blockIdx.x) * C + c] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// dw[c] += sum_r part[r][c], r in a fixed order. grid ceil(C / 32), block (32, 32).
+__global__ void __launch_bounds__(1024) rmsnorm_reduce_kernel(float* __restrict__ dw, const float* __restrict__ part,
+                                                              int nparts, int C) {
+  __shared__ float sm[32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.f;
+  if (c < C)
+    for (int r = threadIdx.y; r < nparts; r += 32) s += part[size_t(r) * C + c];
+  sm[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.f;
+#pragma unroll 8
+    for (int y = 0; y < 32; ++y) t += sm[y][threadIdx.x];
+    dw[c] += t;
+  }
+}
+
+// Which vector kernel a row of C takes: VW floats per load, G lanes per row, NCH vectors per
+// lane (G NCH VW >= C); G = 0: none (the general kernels).
+struct RowPlan {
+  int VW = 1, G = 0, NCH = 1;
+};
+RowPlan plan_row(int C, int vw) {
+  RowPlan p;
+  p.VW = vw;
+  const int nv = (C + vw - 1) / vw;  // vectors per row
+  if (nv <= 32) {
+    p.G = nv <= 4 ? 4 : nv <= 8 ? 8 : nv <= 16 ? 16 : 32;
+  } else {
+    const int per_lane = (nv + 31) / 32;
+    if (per_lane > 8) return p;
+    p.G = 32;
+    p.NCH = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
+  }
+  return p;
+}
+
+// Blocks of the vector backward: enough for every row group, at most `resident` (one wave),
+// and (with dw) few enough that the partials fit the scratch.
+int bwd_blocks(int N, int C, int G, int threads, long long resident, bool want_dw) {
+  const long long groups = threads / G;
+  long long nb = (N + groups - 1) / groups;
+  nb = std::min(nb, std::max(1LL, resident));
+  if (want_dw) nb = std::min(nb, kScratchFloats / C);  // C <= 1024 here: >= 256 blocks
+  return int(std::max(1LL, nb));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- general kernels (rows longer than the vector kernels take) -----------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -44,10 +282,10 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(float* __res
                                                                     const float* __restrict__ x,
                                                                     const float* __restrict__ w,
                                                                     const float* __restrict__ rstd, int N, int C,
-                                                                    bool use_smem) {
-  extern __shared__ float part[];  // [kWarps][C]
+                                                                    bool use_smem, bool accumulate) {
+  extern __shared__ float part_smem[];  // [kWarps][C]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* mine = part + size_t(warp) * C;
+  float* mine = part_smem + size_t(warp) * C;
   if (dw && use_smem)
     for (int c = lane; c < C; c += 32) mine[c] = 0.f;
   for (int row = blockIdx.x * kWarps + warp; row < N; row += gridDim.x * kWarps) {
@@ -60,11 +298,12 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(float* __res
     dot = warp_sum(dot);
     const float k = dot * r * r * r / float(C);
     for (int c = lane; c < C; c += 32) {
-      g[c] += r * w[c] * d[c] - xr[c] * k;
+      const float v = r * w[c] * d[c] - xr[c] * k;
+      g[c] = accumulate ? g[c] + v : v;
       if (dw) {
-        const float v = d[c] * xr[c] * r;
-        if (use_smem) mine[c] += v;
-        else atomicAdd(dw + c, v);
+        const float u = d[c] * xr[c] * r;
+        if (use_smem) mine[c] += u;
+        else atomicAdd(dw + c, u);
       }
     }
   }
@@ -73,30 +312,109 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(float* __res
   for (int c = threadIdx.x; c < C; c += kThreads) {
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < kWarps; ++k) s += part[size_t(k) * C + c];
+    for (int k = 0; k < kWarps; ++k) s += part_smem[size_t(k) * C + c];
     atomicAdd(dw + c, s);
   }
 }
 
 }  // namespace
 
+namespace {
+
+int num_sms() {
+  static const int v = [] {
+    int dev = 0, n = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n > 0 ? n : 1;
+  }();
+  return v;
+}
+
+// Resident blocks of a backward kernel on the whole device (queried once per kernel).
+template <int VW, int G, int NCH>
+long long resident_bwd_blocks() {
+  static const long long v = [] {
+    int per_sm = 0;
+    LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rmsnorm_bwd_vec<VW, G, NCH>,
+                                                                  bwd_threads<NCH>(), 0));
+    return (long long)std::max(per_sm, 1) * num_sms();
+  }();
+  return v;
+}
+
+struct FwdLaunch {
+  float* out;
+  float* rstd;
+  const float *x, *w;
+  int N, C;
+  float eps;
+  template <int VW, int G, int NCH>
+  void run() const {
+    const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N) * G, kThreads);
+    rmsnorm_fwd_vec<VW, G, NCH><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, eps);
+  }
+};
+struct BwdLaunch {
+  float *dx, *dw;
+  const float *dout, *x, *w, *rstd;
+  int N, C;
+  bool accumulate;
+  template <int VW, int G, int NCH>
+  void run() const {
+    constexpr int threads = bwd_threads<NCH>();
+    const int nb = bwd_blocks(N, C, G, threads, resident_bwd_blocks<VW, G, NCH>(), dw != nullptr);
+    float* part = dw ? static_cast<float*>(::lrnn::cuda::scratch(size_t(nb) * C * sizeof(float))) : nullptr;
+    rmsnorm_bwd_vec<VW, G, NCH><<<nb, threads, 0, ::lrnn::cuda::stream()>>>(dx, part, dout, x, w, rstd, N, C,
+                                                                          dw != nullptr, accumulate);
+    LRNN_CUDA_LAUNCH_CHECK();
+    if (dw) rmsnorm_reduce_kernel<<<(C + 31) / 32, dim3(32, 32), 0, ::lrnn::cuda::stream()>>>(dw, part, nb, C);
+  }
+};
+
+// Runs f.run<VW, G, NCH>() for the plan; false when no vector kernel fits.
+template <class F>
+bool dispatch(const RowPlan& p, const F& f) {
+#define LRNN_RMS_CASE(vw_, g_, nch_)                        \
+  if (p.VW == vw_ && p.G == g_ && p.NCH == nch_) {          \
+    f.template run<vw_, g_, nch_>();                        \
+    return true;                                            \
+  }
+#define LRNN_RMS_CASES(vw_)                                                                             \
+  LRNN_RMS_CASE(vw_, 4, 1) LRNN_RMS_CASE(vw_, 8, 1) LRNN_RMS_CASE(vw_, 16, 1) LRNN_RMS_CASE(vw_, 32, 1) \
+  LRNN_RMS_CASE(vw_, 32, 2) LRNN_RMS_CASE(vw_, 32, 4) LRNN_RMS_CASE(vw_, 32, 8)
+  LRNN_RMS_CASES(4)
+  LRNN_RMS_CASES(1)
+#undef LRNN_RMS_CASES
+#undef LRNN_RMS_CASE
+  return false;
+}
+
+}  // namespace
+
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
   if (N <= 0 || C <= 0) return;
-  const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
-  rmsnorm_forward_kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, float(eps));
+  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(w);
+  if (!dispatch(plan_row(C, vec ? 4 : 1), FwdLaunch{out, rstd, x, w, N, C, float(eps)})) {
+    const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
+    rmsnorm_forward_kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, float(eps));
+  }
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
-                      int N, int C) {
+                      int N, int C, bool accumulate) {
   if (N <= 0 || C <= 0) return;
-  const size_t smem_need = size_t(kWarps) * C * sizeof(float);
-  const bool use_smem = dw && smem_need <= kMaxSmem;
-  const size_t smem = use_smem ? smem_need : 0;
-  unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
-  if (blocks > unsigned(kMaxBlocks)) blocks = kMaxBlocks;
-  rmsnorm_backward_kernel<<<blocks, kThreads, smem, ::lrnn::cuda::stream()>>>(dx, dw, dout, x, w, rstd, N, C,
-                                                                              use_smem);
+  const bool vec = C % 4 == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w);
+  if (!dispatch(plan_row(C, vec ? 4 : 1), BwdLaunch{dx, dw, dout, x, w, rstd, N, C, accumulate})) {
+    const size_t smem_need = size_t(kWarps) * C * sizeof(float);
+    const bool use_smem = dw && smem_need <= kMaxSmem;
+    const size_t smem = use_smem ? smem_need : 0;
+    unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
+    if (blocks > unsigned(kMaxBlocks)) blocks = kMaxBlocks;
+    rmsnorm_backward_kernel<<<blocks, kThreads, smem, ::lrnn::cuda::stream()>>>(dx, dw, dout, x, w, rstd, N, C,
+                                                                                use_smem, accumulate);
+  }
   LRNN_CUDA_LAUNCH_CHECK();
 }
 

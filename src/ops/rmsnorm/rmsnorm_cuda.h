@@ -1,8 +1,10 @@
 // CUDA RMSNorm: the same contract as rmsnorm.h (device pointers, fp32, cuda::stream()).
-// Backward accumulates into dx and dw.
+// Backward accumulates into dw (deterministically for C <= 1024 with float4 rows, C <= 256
+// otherwise), and into dx unless accumulate is false (dx is then overwritten, its old content
+// never read).
 #pragma once
 namespace lrnn::ops::cuda {
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, double eps);
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
-                      int N, int C);
+                      int N, int C, bool accumulate = true);
 }  // namespace lrnn::ops::cuda

@@ -5,7 +5,10 @@
 // x, out [B,T,C]; w [C,K] (PyTorch's Conv1d weight [C,1,K]); bias [C] or null (no bias).
 // With K = 0 the op is a plain SiLU (of x + bias).
 // ldx / ldo: elements between tokens of x (and dx) / out (and dout); 0 means C.
-// Backward recomputes `pre` and accumulates into dx, dw and dbias (dw, dbias may be null).
+// Backward recomputes `pre` and accumulates into dw and dbias (dw, dbias may be null). dx is
+// accumulated into (dx += ...) when `accumulate` is true (the default), and overwritten when it is
+// false: its previous content (even NaN) is then never read. Only the first C elements of each
+// token row of dx are written; the rest of a strided row (ldx > C) is left alone either way.
 #pragma once
 
 namespace lrnn::ops {
@@ -14,5 +17,6 @@ void short_conv_forward(T* out, const T* x, const T* w, int B, int T_, int C, in
                         const T* bias = nullptr);
 template <class T>
 void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int B, int T_, int C, int K,
-                         int ldx = 0, int ldo = 0, const T* bias = nullptr, T* dbias = nullptr);
+                         int ldx = 0, int ldo = 0, const T* bias = nullptr, T* dbias = nullptr,
+                         bool accumulate = true);
 }  // namespace lrnn::ops

@@ -58,7 +58,7 @@ void short_conv_forward(T* out, const T* x, const T* w, int B, int T_, int C, in
 
 template <class T>
 void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int B, int T_, int C, int K,
-                         int ldx, int ldo, const T* bias, T* dbias) {
+                         int ldx, int ldo, const T* bias, T* dbias, bool accumulate) {
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   std::vector<T> wt = K ? transpose_weights(w, C, K) : std::vector<T>();
@@ -74,6 +74,9 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
     for (int b = 0; b < B; ++b) {
       const T* xb = x + size_t(b) * T_ * ldx;
       T* dxb = dx + size_t(b) * T_ * ldx;
+      // Overwrite: clear this sequence's rows of dx (their first C elements), then accumulate.
+      if (!accumulate)
+        for (int t = 0; t < T_; ++t) std::fill_n(dxb + size_t(t) * ldx, C, T(0));
       for (int t = 0; t < T_; ++t) {
         const T* __restrict d = dout + (size_t(b) * T_ + t) * ldo;
         conv_row(pre.data(), xb, wt.data(), bias, t, C, K, ldx);
@@ -118,7 +121,7 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
 #define INST(T)                                                                          \
   template void short_conv_forward<T>(T*, const T*, const T*, int, int, int, int, int, int, const T*); \
   template void short_conv_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, int, int, \
-                                       const T*, T*);
+                                       const T*, T*, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

@@ -1,31 +1,400 @@
 // CUDA causal depthwise short conv + SiLU (contract: short_conv_cuda.h / short_conv.h).
 //
-// Forward: one thread per (b, t, c), reading its K inputs (neighbouring threads share them
-// through L1).
+// K <= 4 (every model: fla's and Mamba's conv_size is 4): "sliding window" kernels. A thread
+// owns VW adjacent channels (VW = 4 with float4 loads when C, ldx, ldo and the pointers allow it,
+// else 2 or 1) of one chunk of L time steps of one sequence, and walks the chunk in time keeping
+// the last K inputs (and, backward, the last K output gradients) in registers, so each x / dout
+// row is read once per chunk (plus a halo of K-1 rows, served by L2) and each out / dx row
+// written once. The 32 lanes of a warp take 32 adjacent channel vectors of the same row
+// (coalesced); the next rows of the chunk (3 forward, 2 backward) are loaded while the current
+// one is computed, so a thread keeps 48-64 bytes in flight (the backward, 126 registers for
+// K = 4 with float4, runs one 512-thread block per SM).
+// Chunks are as long as possible while the grid still fills the GPU (T = 40, B = 1024, C = 384:
+// 3 chunks of <= 14 steps forward, 2 of 20 backward). All index math inside a row is 32-bit;
+// row offsets are 64-bit.
 //
-// Backward: a block owns a tile of kTile time steps x 32 channels of one sequence and so owns
-// dx there exactly (no atomics, no races on dx: dx at s gathers the K output gradients
-// dpre[s .. s+K-1], which the block recomputes for its tile plus a halo of K-1 steps). Steps:
-//   1. x for positions [t0-(K-1), t0+kTile+K-1) -> shared (0 outside [0, T));
-//   2. dpre = dout * silu'(pre) for positions [t0, t0+kTile+K-1) -> shared (0 at t >= T);
-//   3. dx[s] += sum_j w[c,j] dpre[s+K-1-j] for s in the tile;
-//   4. dw[c,j] / dbias[c]: each thread sums its time steps in registers, the 8 rows of the
-//      block are added in shared memory and the block issues one atomicAdd per (c, j) and per c
-//      (not deterministic in order).
-// K = 0 (plain SiLU of x + bias) runs through the same code with no halo.
+// Backward, per step t of the chunk [t0, t1) (steps run to t1 + K - 2 for the halo):
+//   dpre[t] = dout[t] silu'(pre[t])                 (0 at t >= T)
+//   dx[s]   = sum_j w[c,j] dpre[s+K-1-j]  for s = t-(K-1) in [t0, t1)   (written or added)
+//   dw[c,j] += dpre[t] x[t-(K-1)+j], dbias[c] += dpre[t]   for t in [t0, t1), in registers.
+// A thread owns its dx elements exactly (no atomics, no races). dw / dbias: each block sums its
+// 16 rows of threads in shared memory (fixed order) and writes one partial per (channel, tap) to
+// the device scratch; a second small kernel adds the partials of all blocks in a fixed order to
+// dw / dbias: deterministic, no atomics. (Only if C (K+1) > 256 Ki floats would the partials not
+// fit the scratch: blocks then atomicAdd their sums.)
+//
+// K > 4: the general kernels below (one thread per element forward; tiles of 64 steps x 32
+// channels with a halo in shared memory backward, dw / dbias by atomics).
 #include "ops/short_conv/short_conv_cuda.h"
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
 namespace {
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+// ---- sliding-window kernels (K <= 4) --------------------------------------------------------
+
+constexpr int kLanes = 32;       // channel vectors per block row (blockDim.x)
+constexpr int kFwdRows = 8;      // blockDim.y forward: 256 threads
+constexpr int kBwdRows = 16;     // blockDim.y backward: 512 threads (fewer partial sums)
+constexpr int kMaxWinK = 4;      // largest K of the sliding-window kernels
+constexpr int kMinChunk = 8;     // shortest chunk of time steps (the halo is K-1 steps)
+constexpr int kFwdPrefetch = 3;  // time steps loaded ahead (bytes in flight per thread)
+constexpr int kBwdPrefetch = 2;
+constexpr long long kScratchFloats = (1 << 20) / sizeof(float);  // lrnn::cuda::scratch capacity
+
+template <int VW>
+__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {  // read-only data
+  if constexpr (VW == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else if constexpr (VW == 2) {
+    const float2 t = __ldg(reinterpret_cast<const float2*>(p));
+    r[0] = t.x, r[1] = t.y;
+  } else {
+    r[0] = __ldg(p);
+  }
+}
+template <int VW>
+__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {  // data this kernel writes
+  if constexpr (VW == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else if constexpr (VW == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    r[0] = t.x, r[1] = t.y;
+  } else {
+    r[0] = *p;
+  }
+}
+template <int VW>
+__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
+  if constexpr (VW == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+  } else if constexpr (VW == 2) {
+    *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
+  } else {
+    *p = r[0];
+  }
+}
+template <int VW>
+__device__ __forceinline__ void zero(float (&r)[VW]) {
+#pragma unroll
+  for (int v = 0; v < VW; ++v) r[v] = 0.f;
+}
+
+// Weights w[c, j] and bias[c] of channels c .. c+VW-1 (zeros for K = 0 / no bias).
+template <int K, int VW>
+__device__ __forceinline__ void load_params(float (&wr)[K > 0 ? K : 1][VW], float (&br)[VW], const float* w,
+                                            const float* bias, int c) {
+#pragma unroll
+  for (int v = 0; v < VW; ++v) {
+    br[v] = bias ? __ldg(bias + c + v) : 0.f;
+#pragma unroll
+    for (int j = 0; j < (K > 0 ? K : 1); ++j) wr[j][v] = K > 0 ? __ldg(w + (c + v) * K + j) : 0.f;
+  }
+}
+
+// pre = bias + sum_j w[j] xw[j], where xw[j] = x[t-(K-1)+j] (K = 0: bias + x[t]).
+template <int K, int VW>
+__device__ __forceinline__ float pre_act(const float (&wr)[K > 0 ? K : 1][VW], const float (&br)[VW],
+                                         const float (&xw)[K > 0 ? K : 1][VW], int v) {
+  float pre = br[v];
+  if constexpr (K == 0) {
+    pre += xw[0][v];
+  } else {
+#pragma unroll
+    for (int j = 0; j < K; ++j) pre += wr[j][v] * xw[j][v];
+  }
+  return pre;
+}
+
+// The window before step t0: slots 1 .. K-1 hold x[t0-K+1 .. t0-1] (0 before t = 0); slot 0 is
+// shifted out by the first step. xb = &x[b, 0, c].
+template <int K, int VW>
+__device__ __forceinline__ void prime_window(float (&xw)[K > 0 ? K : 1][VW], const float* xb, int t0, int ldx) {
+  zero(xw[0]);
+#pragma unroll
+  for (int j = 1; j < K; ++j) {
+    const int p = t0 - K + j;
+    if (p >= 0) load_ro(xw[j], xb + size_t(p) * ldx);
+    else zero(xw[j]);
+  }
+}
+
+template <int K, int VW>
+__device__ __forceinline__ void push(float (&win)[K > 0 ? K : 1][VW], const float (&v)[VW]) {
+#pragma unroll
+  for (int j = 0; j + 1 < (K > 0 ? K : 1); ++j)
+#pragma unroll
+    for (int u = 0; u < VW; ++u) win[j][u] = win[j + 1][u];
+#pragma unroll
+  for (int u = 0; u < VW; ++u) win[(K > 0 ? K : 1) - 1][u] = v[u];
+}
+
+// grid (ceil(C / VW / 32), row blocks), block (32, kFwdRows). Rows are (b, chunk) pairs:
+// row = b * nchunks + chunk, chunk covering steps [chunk L, min((chunk+1) L, T)).
+template <int K, int VW>
+__global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __restrict__ out,
+                                                                    const float* __restrict__ x,
+                                                                    const float* __restrict__ w,
+                                                                    const float* __restrict__ bias, int B, int T,
+                                                                    int C, int ldx, int ldo, int L, int nchunks) {
+  constexpr int KW = K > 0 ? K : 1;
+  const int c = (blockIdx.x * kLanes + threadIdx.x) * VW;
+  if (c >= C) return;  // C % VW == 0: a vector is wholly inside or outside
+  float wr[KW][VW], br[VW];
+  load_params<K, VW>(wr, br, w, bias, c);
+  const int rows = B * nchunks;
+  for (int row = blockIdx.y * kFwdRows + threadIdx.y; row < rows; row += gridDim.y * kFwdRows) {
+    const int b = row / nchunks;
+    const int t0 = (row - b * nchunks) * L, t1 = min(t0 + L, T);
+    const float* xb = x + size_t(b) * T * ldx + c;
+    float* ob = out + size_t(b) * T * ldo + c;
+    float xw[KW][VW];
+    prime_window<K, VW>(xw, xb, t0, ldx);
+    float xq[kFwdPrefetch][VW];  // x of steps t .. t + kFwdPrefetch - 1 (loaded ahead)
+#pragma unroll
+    for (int k = 0; k < kFwdPrefetch; ++k)
+      if (t0 + k < t1) load_ro(xq[k], xb + size_t(t0 + k) * ldx);
+      else zero(xq[k]);
+    for (int t = t0; t < t1; ++t) {
+      float xc[VW];
+#pragma unroll
+      for (int v = 0; v < VW; ++v) xc[v] = xq[0][v];
+#pragma unroll
+      for (int k = 0; k + 1 < kFwdPrefetch; ++k)
+#pragma unroll
+        for (int v = 0; v < VW; ++v) xq[k][v] = xq[k + 1][v];
+      if (t + kFwdPrefetch < t1) load_ro(xq[kFwdPrefetch - 1], xb + size_t(t + kFwdPrefetch) * ldx);
+      push<K, VW>(xw, xc);
+      float o[VW];
+#pragma unroll
+      for (int v = 0; v < VW; ++v) {
+        const float pre = pre_act<K, VW>(wr, br, xw, v);
+        o[v] = pre * sigmoid(pre);
+      }
+      store(ob + size_t(t) * ldo, o);
+    }
+  }
+}
+
+// grid (ceil(C / VW / 32), row blocks), block (32, kBwdRows). Partials (when dw or dbias):
+// part[blockIdx.y][q], q = c K + j for dw[c, j] and C K + c for dbias[c] (direct: atomics into
+// dw / dbias instead).
+template <int K, int VW>
+__global__ void __launch_bounds__(kLanes* kBwdRows) conv_bwd_kernel(
+    float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw, float* __restrict__ dbias,
+    const float* __restrict__ dout, const float* __restrict__ x, const float* __restrict__ w,
+    const float* __restrict__ bias, int B, int T, int C, int ldx, int ldo, int L, int nchunks, bool accumulate,
+    bool direct) {
+  constexpr int KW = K > 0 ? K : 1;
+  constexpr int H = K > 0 ? K - 1 : 0;  // halo
+  const int c = (blockIdx.x * kLanes + threadIdx.x) * VW;
+  const bool cok = c < C;
+  const bool want_w = dw != nullptr && K > 0, want_b = dbias != nullptr;
+  float wr[KW][VW], br[VW];
+  if (cok) {
+    load_params<K, VW>(wr, br, w, bias, c);
+  } else {
+#pragma unroll
+    for (int j = 0; j < KW; ++j) zero(wr[j]);
+    zero(br);
+  }
+  float aw[KW][VW], ab[VW];  // dw, dbias sums
+#pragma unroll
+  for (int j = 0; j < KW; ++j) zero(aw[j]);
+  zero(ab);
+
+  const int rows = B * nchunks;
+  for (int row = blockIdx.y * kBwdRows + threadIdx.y; cok && row < rows; row += gridDim.y * kBwdRows) {
+    const int b = row / nchunks;
+    const int t0 = (row - b * nchunks) * L, t1 = min(t0 + L, T);
+    const int tend = t1 + H;  // steps t0 .. tend-1
+    const float* xb = x + size_t(b) * T * ldx + c;
+    const float* gb = dout + size_t(b) * T * ldo + c;
+    float* dxb = dx + size_t(b) * T * ldx + c;
+    float xw[KW][VW], pw[KW][VW];  // xw[j] = x[t-(K-1)+j], pw[j] = dpre[t-(K-1)+j]
+    prime_window<K, VW>(xw, xb, t0, ldx);
+#pragma unroll
+    for (int j = 0; j < KW; ++j) zero(pw[j]);  // dpre before t0 feeds no dx of this chunk
+    // The inputs of steps t .. t + kBwdPrefetch - 1, loaded ahead: x[t], dout[t] (0 at t >= T)
+    // and, when accumulating, the old dx[t - H] (when t - H >= t0).
+    float xq[kBwdPrefetch][VW], gq[kBwdPrefetch][VW], dq[kBwdPrefetch][VW];
+#pragma unroll
+    for (int k = 0; k < kBwdPrefetch; ++k) {
+      const int tk = t0 + k;
+      zero(xq[k]), zero(gq[k]), zero(dq[k]);
+      if (tk < tend && tk < T) {
+        load_ro(xq[k], xb + size_t(tk) * ldx);
+        load_ro(gq[k], gb + size_t(tk) * ldo);
+      }
+      if (accumulate && tk < tend && tk - H >= t0) load_rw(dq[k], dxb + size_t(tk - H) * ldx);
+    }
+    for (int t = t0; t < tend; ++t) {
+      float xc[VW], gc[VW], dc[VW];
+#pragma unroll
+      for (int v = 0; v < VW; ++v) xc[v] = xq[0][v], gc[v] = gq[0][v], dc[v] = dq[0][v];
+#pragma unroll
+      for (int k = 0; k + 1 < kBwdPrefetch; ++k)
+#pragma unroll
+        for (int v = 0; v < VW; ++v) xq[k][v] = xq[k + 1][v], gq[k][v] = gq[k + 1][v], dq[k][v] = dq[k + 1][v];
+      const int tn = t + kBwdPrefetch;
+      if (tn < tend) {
+        constexpr int e = kBwdPrefetch - 1;
+        if (tn < T) {
+          load_ro(xq[e], xb + size_t(tn) * ldx);
+          load_ro(gq[e], gb + size_t(tn) * ldo);
+        } else {
+          zero(xq[e]);
+          zero(gq[e]);
+        }
+        if (accumulate && tn - H >= t0) load_rw(dq[e], dxb + size_t(tn - H) * ldx);
+      }
+      push<K, VW>(xw, xc);
+      float d[VW];
+#pragma unroll
+      for (int v = 0; v < VW; ++v) {
+        float dp = 0.f;
+        if (t < T) {
+          const float pre = pre_act<K, VW>(wr, br, xw, v);
+          const float s = sigmoid(pre);
+          dp = gc[v] * (s * (1.f + pre * (1.f - s)));
+        }
+        d[v] = dp;
+      }
+      push<K, VW>(pw, d);
+      if (t < t1) {
+#pragma unroll
+        for (int v = 0; v < VW; ++v) {
+          ab[v] += d[v];
+#pragma unroll
+          for (int j = 0; j < KW; ++j) aw[j][v] += d[v] * xw[j][v];
+        }
+      }
+      const int s = t - H;
+      if (s >= t0) {  // s < t1 since t < t1 + H
+        float o[VW];
+#pragma unroll
+        for (int v = 0; v < VW; ++v) {
+          float acc;
+          if constexpr (K == 0) {
+            acc = pw[0][v];
+          } else {
+            acc = 0.f;
+#pragma unroll
+            for (int j = K - 1; j >= 0; --j) acc += wr[j][v] * pw[K - 1 - j][v];
+          }
+          o[v] = accumulate ? dc[v] + acc : acc;
+        }
+        store(dxb + size_t(s) * ldx, o);
+      }
+    }
+  }
+
+  if (!want_w && !want_b) return;  // uniform over the grid
+  // Sum the block's kBwdRows rows of threads per (channel, quantity); quantity q < K is dw tap q,
+  // q == K is dbias.
+  __shared__ float red[kBwdRows][kLanes * VW];
+  const int flat = threadIdx.y * kLanes + threadIdx.x;
+  const int ch = blockIdx.x * kLanes * VW + flat;  // the channel thread `flat` sums
+#pragma unroll
+  for (int q = 0; q <= K; ++q) {
+    if (q < K ? !want_w : !want_b) continue;  // uniform
+#pragma unroll
+    for (int v = 0; v < VW; ++v) red[threadIdx.y][threadIdx.x * VW + v] = q < K ? aw[q < K ? q : 0][v] : ab[v];
+    __syncthreads();
+    if (flat < kLanes * VW && ch < C) {
+      float s = 0.f;
+#pragma unroll
+      for (int y = 0; y < kBwdRows; ++y) s += red[y][flat];
+      if (direct) atomicAdd(q < K ? dw + ch * K + q : dbias + ch, s);
+      else part[size_t(blockIdx.y) * (C * (K + 1)) + (q < K ? ch * K + q : C * K + ch)] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// dw[q] += sum_r part[r][q] (q < C K), dbias[q - C K] += ... (q >= C K), r in a fixed order.
+// grid ceil(C (K+1) / 32), block (32, 32).
+__global__ void __launch_bounds__(1024) conv_reduce_kernel(float* __restrict__ dw, float* __restrict__ dbias,
+                                                           const float* __restrict__ part, int nparts, int C, int K) {
+  __shared__ float sm[32][33];
+  const int Q = C * (K + 1), CK = C * K;
+  const int q = blockIdx.x * 32 + threadIdx.x;
+  const bool want = q < Q && (q < CK ? dw != nullptr : dbias != nullptr);
+  float s = 0.f;
+  if (want)
+    for (int r = threadIdx.y; r < nparts; r += 32) s += part[size_t(r) * Q + q];
+  sm[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && want) {
+    float t = 0.f;
+#pragma unroll 8
+    for (int y = 0; y < 32; ++y) t += sm[y][threadIdx.x];
+    if (q < CK) dw[q] += t;
+    else dbias[q - CK] += t;
+  }
+}
+
+// Launch geometry of the sliding-window kernels.
+struct WinPlan {
+  int L = 1, nchunks = 1;  // chunk length and chunks per sequence
+  int ctiles = 1;          // gridDim.x
+  int rblocks = 1;         // gridDim.y
+  bool direct = false;     // backward: atomics instead of partials
+};
+
+// Chunks as long as possible with at least `target_threads` threads (chunks of >= kMinChunk
+// steps); then row blocks of `by` rows, capped (backward with sums: so the partials fit the
+// scratch).
+WinPlan plan_window(int B, int T, int C, int K, int VW, int by, long long target_threads, bool sums) {
+  WinPlan p;
+  const int cv = C / VW;
+  p.ctiles = (cv + kLanes - 1) / kLanes;
+  const long long lanes = (long long)p.ctiles * kLanes;
+  const long long want_rows = (target_threads + lanes - 1) / lanes;
+  const long long want_chunks = std::max(1LL, (want_rows + B - 1) / B);
+  const int nch = int(std::min<long long>(T, want_chunks));
+  p.L = (T + nch - 1) / nch;
+  if (p.L < kMinChunk) p.L = std::min(T, kMinChunk);
+  p.nchunks = (T + p.L - 1) / p.L;
+  const long long rows = (long long)B * p.nchunks;
+  long long rb = (rows + by - 1) / by;
+  rb = std::min(rb, 65535LL);
+  if (sums) {
+    const long long Q = (long long)C * (K + 1);
+    const long long cap = kScratchFloats / Q;
+    if (cap >= 1) rb = std::min(rb, cap);
+    else p.direct = true, rb = std::min(rb, 256LL);
+  }
+  p.rblocks = int(std::max(1LL, rb));
+  return p;
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The widest vector (4, 2, 1 floats) that C, the strides and every pointer allow.
+int vector_width(int C, int ldx, int ldo, std::initializer_list<const void*> ptrs) {
+  for (int vw : {4, 2}) {
+    bool ok = C % vw == 0 && ldx % vw == 0 && ldo % vw == 0;
+    for (const void* p : ptrs) ok = ok && aligned(p, vw * sizeof(float));
+    if (ok) return vw;
+  }
+  return 1;
+}
+
+// ---- general kernels (K > 4) ----------------------------------------------------------------
 
 constexpr int kThreads = 256;
 constexpr int kBx = 32, kBy = 8;  // channels x time rows of a backward block
 constexpr int kTile = 64;         // time steps per backward block
 constexpr int kKmax = 8;          // weight taps summed per pass (more taps: more passes)
 static_assert(kBx * kBy == kThreads);
-
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 __global__ void short_conv_forward_kernel(float* __restrict__ out, const float* __restrict__ x,
                                           const float* __restrict__ w, const float* __restrict__ bias, int B, int T,
@@ -46,10 +415,11 @@ __global__ void short_conv_forward_kernel(float* __restrict__ out, const float* 
 }
 
 // grid (ceil(C / 32), ceil(T / kTile), B), block (32, 8); dynamic smem: see smem_floats().
+// A block owns dx on its tile (written once: added to or overwritten).
 __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(
     float* __restrict__ dx, float* __restrict__ dw, const float* __restrict__ dout, const float* __restrict__ x,
     const float* __restrict__ w, int T, int C, int K, int ldx, int ldo, const float* __restrict__ bias,
-    float* __restrict__ dbias) {
+    float* __restrict__ dbias, bool accumulate) {
   extern __shared__ float smem[];
   const int hl = K > 0 ? K - 1 : 0;                // halo
   float* xs = smem;                                // [kTile + 2 hl][32]: position t0 - hl + r
@@ -99,7 +469,8 @@ __global__ void __launch_bounds__(kThreads) short_conv_backward_kernel(
         acc = 0.f;
         for (int j = K - 1; j >= 0; --j) acc += w[size_t(c) * K + j] * dps[(r + K - 1 - j) * kBx + tx];
       }
-      dxb[size_t(s) * ldx + c] += acc;
+      float* g = dxb + size_t(s) * ldx + c;
+      *g = accumulate ? *g + acc : acc;
     }
   }
 
@@ -145,30 +516,107 @@ size_t smem_floats(int K) {
 
 }  // namespace
 
+namespace {
+
+int num_sms() {
+  static const int v = [] {
+    int dev = 0, n = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n > 0 ? n : 1;
+  }();
+  return v;
+}
+
+template <int VW>
+void launch_fwd(const WinPlan& p, float* out, const float* x, const float* w, const float* bias, int B, int T, int C,
+                int K, int ldx, int ldo) {
+  const dim3 grid(p.ctiles, p.rblocks), block(kLanes, kFwdRows);
+  cudaStream_t s = ::lrnn::cuda::stream();
+#define LRNN_CONV_FWD(KK) \
+  conv_fwd_kernel<KK, VW><<<grid, block, 0, s>>>(out, x, w, bias, B, T, C, ldx, ldo, p.L, p.nchunks)
+  switch (K) {
+    case 0: LRNN_CONV_FWD(0); break;
+    case 1: LRNN_CONV_FWD(1); break;
+    case 2: LRNN_CONV_FWD(2); break;
+    case 3: LRNN_CONV_FWD(3); break;
+    default: LRNN_CONV_FWD(4); break;
+  }
+#undef LRNN_CONV_FWD
+}
+
+template <int VW>
+void launch_bwd(const WinPlan& p, float* dx, float* part, float* dw, float* dbias, const float* dout, const float* x,
+                const float* w, const float* bias, int B, int T, int C, int K, int ldx, int ldo, bool accumulate) {
+  const dim3 grid(p.ctiles, p.rblocks), block(kLanes, kBwdRows);
+  cudaStream_t s = ::lrnn::cuda::stream();
+#define LRNN_CONV_BWD(KK)                                                                                    \
+  conv_bwd_kernel<KK, VW><<<grid, block, 0, s>>>(dx, part, dw, dbias, dout, x, w, bias, B, T, C, ldx, ldo, p.L, \
+                                                 p.nchunks, accumulate, p.direct)
+  switch (K) {
+    case 0: LRNN_CONV_BWD(0); break;
+    case 1: LRNN_CONV_BWD(1); break;
+    case 2: LRNN_CONV_BWD(2); break;
+    case 3: LRNN_CONV_BWD(3); break;
+    default: LRNN_CONV_BWD(4); break;
+  }
+#undef LRNN_CONV_BWD
+}
+
+}  // namespace
+
 void short_conv_forward(float* out, const float* x, const float* w, int B, int T_, int C, int K, int ldx, int ldo,
                         const float* bias) {
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
-  const size_t n = size_t(B) * T_ * C;
   if (B <= 0 || T_ <= 0 || C <= 0) return;
-  short_conv_forward_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
-      out, x, w, bias, B, T_, C, K, ldx, ldo);
+  if (K > kMaxWinK) {
+    const size_t n = size_t(B) * T_ * C;
+    short_conv_forward_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
+        out, x, w, bias, B, T_, C, K, ldx, ldo);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const int vw = vector_width(C, ldx, ldo, {x, out});
+  const WinPlan p = plan_window(B, T_, C, K, vw, kFwdRows, 2048LL * num_sms(), false);
+  if (vw == 4) launch_fwd<4>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
+  else if (vw == 2) launch_fwd<2>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
+  else launch_fwd<1>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void short_conv_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int B, int T_,
-                         int C, int K, int ldx, int ldo, const float* bias, float* dbias) {
+                         int C, int K, int ldx, int ldo, const float* bias, float* dbias, bool accumulate) {
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   if (B <= 0 || T_ <= 0 || C <= 0) return;
-  const size_t smem = smem_floats(K) * sizeof(float);
-  if (smem > 48 * 1024)  // long filters only (K > ~70): opt in to more shared memory
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(short_conv_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(smem)));
-  const dim3 grid((C + kBx - 1) / kBx, (T_ + kTile - 1) / kTile, B);
-  short_conv_backward_kernel<<<grid, dim3(kBx, kBy), smem, ::lrnn::cuda::stream()>>>(dx, dw, dout, x, w, T_, C, K,
-                                                                                     ldx, ldo, bias, dbias);
+  if (K == 0) dw = nullptr;  // no weights: nothing to add to
+  if (K > kMaxWinK) {
+    const size_t smem = smem_floats(K) * sizeof(float);
+    if (smem > 48 * 1024)  // long filters only (K > ~70): opt in to more shared memory
+      LRNN_CUDA_CHECK(cudaFuncSetAttribute(short_conv_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(smem)));
+    const dim3 grid((C + kBx - 1) / kBx, (T_ + kTile - 1) / kTile, B);
+    short_conv_backward_kernel<<<grid, dim3(kBx, kBy), smem, ::lrnn::cuda::stream()>>>(
+        dx, dw, dout, x, w, T_, C, K, ldx, ldo, bias, dbias, accumulate);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const bool sums = dw || dbias;
+  const int vw = vector_width(C, ldx, ldo, {x, dx, dout});
+  const WinPlan p = plan_window(B, T_, C, K, vw, kBwdRows, 1024LL * num_sms(), sums);
+  float* part = nullptr;
+  if (sums && !p.direct)
+    part = static_cast<float*>(::lrnn::cuda::scratch(size_t(p.rblocks) * C * (K + 1) * sizeof(float)));
+  if (vw == 4) launch_bwd<4>(p, dx, part, dw, dbias, dout, x, w, bias, B, T_, C, K, ldx, ldo, accumulate);
+  else if (vw == 2) launch_bwd<2>(p, dx, part, dw, dbias, dout, x, w, bias, B, T_, C, K, ldx, ldo, accumulate);
+  else launch_bwd<1>(p, dx, part, dw, dbias, dout, x, w, bias, B, T_, C, K, ldx, ldo, accumulate);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (part) {
+    const int Q = C * (K + 1);
+    conv_reduce_kernel<<<(Q + 31) / 32, dim3(32, 32), 0, ::lrnn::cuda::stream()>>>(dw, dbias, part, p.rblocks, C, K);
+    LRNN_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace lrnn::ops::cuda
