@@ -271,25 +271,26 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
     // Mixer: hmid = h + o_proj(o_norm(delta_rule(...)))
     Ops::zero(g.d1, NV);
-    Ops::zero(g.d2, NV);
-    Ops::zero(g.dproj, size_t(N) * c.W);
+    // The mixer's backward ops write (not add) their input gradients; dproj's columns are
+    // q|k|v (short conv), beta (delta rule), a (forget gate) and g (output gate).
+    if (s.use_output_gate) Ops::zero(g.d2, NV);
+    if (s.use_forget_gate || s.use_output_gate) Ops::zero(g.dproj, size_t(N) * c.W);
     Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C);
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
                                   H, Dv, c.W);
     else
-      Ops::rmsnorm_backward(g.d2, G + w.o_norm, g.d1, a.o, P + w.o_norm, a.ro, N * H, Dv);
-    Ops::zero(g.dqkvc, size_t(N) * c.Wc());
-    // The delta rule writes (not adds) dq|dk (all of dqkn), dv, dbeta and dg: no zeroing first.
+      Ops::rmsnorm_backward(g.d2, G + w.o_norm, g.d1, a.o, P + w.o_norm, a.ro, N * H, Dv, /*accumulate=*/false);
+    // The delta rule writes dq|dk (all of dqkn), dv, dbeta and dg; the L2 norm the q|k part of dqkvc.
     Ops::delta_rule_backward(g.dqkn, g.dqkn + c.k, g.dqkvc + c.v, g.dproj + c.b, s.use_forget_gate ? g.dlg : nullptr,
                              g.d2, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt,
                              /*accumulate=*/false);
     if (s.use_forget_gate)
       Ops::forget_gate_backward(g.dproj + c.a, G + w.A_log, G + w.dt_bias, g.dlg, a.proj + c.a, P + w.A_log,
                                 P + w.dt_bias, N, H, c.W);
-    Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk());
+    Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk(), /*accumulate=*/false);
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
-                             c.Wc(), K, c.W, c.Wc());
+                             c.Wc(), K, c.W, c.Wc(), nullptr, nullptr, /*accumulate=*/false);
     Ops::zero(g.dx, NC);
     Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W);
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
