@@ -46,7 +46,6 @@
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -1074,8 +1073,12 @@ void zero_grad(float* p, long long rows, int cols, long long ld) {
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
-    static const bool occ4 = std::getenv("LRNN_DELTA_OCC4") != nullptr;  // experiment: 128 registers
-    if (occ4 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
+    // Two builds of the lane backward: unbounded registers (168 at DK = 32: 12 warps per SM, no
+    // spills) and capped at 128 (16 warps per SM, a few spilled registers). Measured on the H200
+    // (P1 shapes, T = 40): the capped one wins once the sequences need more than one wave of the
+    // unbounded one (B = 1024: 249 vs 287 us) and loses below (B = 256: 91 vs 73 us).
+    const bool many = a.nseq > 12 * num_sms();
+    if (many ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
              : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1>>(a, d, true))
       return;
   }
