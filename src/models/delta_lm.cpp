@@ -254,26 +254,25 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
   Ops::zero(g.dh, NC);
 
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  Ops::zero(g.dx, NC);
-  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
+  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
+  // false) rather than zeroed and accumulated into: the same result, without the memset.
+  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
   Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
     auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    Ops::zero(g.dact, size_t(N) * I);
-    Ops::zero(g.dgu, size_t(N) * 2 * I);
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C);
-    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I);
-    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I);
+    // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
+    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C, false);
+    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
+    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
     Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
     // Mixer: hmid = h + o_proj(o_norm(delta_rule(...)))
-    Ops::zero(g.d1, NV);
     Ops::zero(g.d2, NV);
-    Ops::zero(g.dproj, size_t(N) * c.W);
-    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C);
+    Ops::zero(g.dproj, size_t(N) * c.W);  // several ops write disjoint column ranges of it
+    // d1 [N, Vd] is overwritten whole by o_proj's backward: no zeroing.
+    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C, false);
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
                                   H, Dv, c.W);
@@ -290,8 +289,8 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk());
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
                              c.Wc(), K, c.W, c.Wc());
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W);
+    // dx is overwritten whole by q_proj's backward: no zeroing.
+    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W, false);
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
