@@ -251,34 +251,30 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
   carve_grads(grad_arena_, B, T_);
   const size_t NC = size_t(N) * C, NV = size_t(N) * c.Vd;
   Grads& g = g_;
-  Ops::zero(g.dh, NC);
 
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  Ops::zero(g.dx, NC);
-  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
-  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
+  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
+  // false) rather than zeroed and accumulated into: the same result, without the memset.
+  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
+  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C, false);  // dh: first
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
     auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    Ops::zero(g.dact, size_t(N) * I);
-    Ops::zero(g.dgu, size_t(N) * 2 * I);
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C);
-    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I);
-    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I);
+    // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
+    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C, false);
+    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
+    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
     Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
     // Mixer: hmid = h + o_proj(o_norm(delta_rule(...)))
-    Ops::zero(g.d1, NV);
-    // The mixer's backward ops write (not add) their input gradients; dproj's columns are
-    // q|k|v (short conv), beta (delta rule), a (forget gate) and g (output gate).
-    if (s.use_output_gate) Ops::zero(g.d2, NV);
-    if (s.use_forget_gate || s.use_output_gate) Ops::zero(g.dproj, size_t(N) * c.W);
-    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C);
+    // Every backward op of the mixer writes (not adds) its input gradients: d1 (o_proj), d2 (o_norm),
+    // dqkn and dqkvc's v part (delta rule), dqkvc's q|k part (L2 norm), and dproj's column ranges
+    // q|k|v (short conv), beta (delta rule), a (forget gate), g (output gate). No zeroing.
+    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C, false);
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
-                                  H, Dv, c.W);
+                                  H, Dv, c.W, /*accumulate=*/false);
     else
       Ops::rmsnorm_backward(g.d2, G + w.o_norm, g.d1, a.o, P + w.o_norm, a.ro, N * H, Dv, /*accumulate=*/false);
     // The delta rule writes dq|dk (all of dqkn), dv, dbeta and dg; the L2 norm the q|k part of dqkvc.
@@ -287,12 +283,11 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
                              /*accumulate=*/false);
     if (s.use_forget_gate)
       Ops::forget_gate_backward(g.dproj + c.a, G + w.A_log, G + w.dt_bias, g.dlg, a.proj + c.a, P + w.A_log,
-                                P + w.dt_bias, N, H, c.W);
+                                P + w.dt_bias, N, H, c.W, /*accumulate=*/false);
     Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk(), /*accumulate=*/false);
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
                              c.Wc(), K, c.W, c.Wc(), nullptr, nullptr, /*accumulate=*/false);
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W);
+    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W, false);
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);

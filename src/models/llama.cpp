@@ -190,36 +190,35 @@ void LlamaCore<T, Ops>::backward(const T* P, T* G) {
   grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
   carve_grads(grad_arena_, B, T_);
-  const size_t NC = size_t(N) * C, NI = size_t(N) * I;
+  const size_t NC = size_t(N) * C;
   Grads& g = g_;
   Ops::zero(g.dh, NC);
-  Ops::zero(g.dx, NC);
 
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
+  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
+  // false) rather than zeroed and accumulated into: the same result, without the memset.
+  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
   Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
     auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    Ops::zero(g.dact, NI);
-    Ops::zero(g.dgu, 2 * NI);
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C);
-    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I);
-    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I);
+    // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
+    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C, false);
+    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
+    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
     Ops::rmsnorm_backward(g.dh, G + w.post_norm, g.dx, a.hmid, P + w.post_norm, a.rstd2, N, C);
     // Attention: hmid = h + o_proj(attn(rope(q), rope(k), v))
-    Ops::zero(g.datt, NC);
     Ops::zero(g.dqk, 2 * NC);
     Ops::zero(g.dqkv, 3 * NC);
-    Ops::linear_backward(g.datt, G + w.o_proj, nullptr, g.dh, a.att, P + w.o_proj, N, C, C);
+    // datt [N, C] is overwritten whole by o_proj's backward: no zeroing.
+    Ops::linear_backward(g.datt, G + w.o_proj, nullptr, g.dh, a.att, P + w.o_proj, N, C, C, false);
     Ops::attention_backward(g.dqk, g.dqk + C, g.dqkv + 2 * C, g.datt, a.qk, a.qk + C, a.qkv + 2 * C, a.att, a.lse,
                             ad);
     Ops::rope_backward(g.dqkv, g.dqk, rd);
-    Ops::zero(g.dx, NC);
-    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dqkv, a.x1, P + w.q_proj, N, C, 3 * C);
+    // dx is overwritten whole by the qkv projection's backward: no zeroing.
+    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dqkv, a.x1, P + w.q_proj, N, C, 3 * C, false);
     Ops::rmsnorm_backward(g.dh, G + w.input_norm, g.dx, a.h, P + w.input_norm, a.rstd1, N, C);
   }
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);

@@ -139,9 +139,9 @@ void LstmCore<T, Ops>::backward(const T* P, T* G) {
   T* dx = g_.dx;
 
   Ops::cross_entropy_backward(g_.dlogits, acts_.logits_tm, acts_.labels_tm, N, V, 1.0);
-  Ops::zero(dh, size_t(N) * H);
   const T* top = acts_.layers.back().h;
-  Ops::linear_backward(dh, G + net_.head_w, G + net_.head_b, g_.dlogits, top, P + net_.head_w, N, H, V);
+  // dh [N, H] is overwritten whole by the head's backward (accumulate = false): no zeroing.
+  Ops::linear_backward(dh, G + net_.head_w, G + net_.head_b, g_.dlogits, top, P + net_.head_w, N, H, V, false);
   for (int l = int(net_.layers.size()) - 1; l >= 0; --l) {
     auto& a = acts_.layers[l];
     auto& w = net_.layers[l];

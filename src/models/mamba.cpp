@@ -219,18 +219,19 @@ void MambaCore<T, Ops>::backward(const T* P, T* G) {
   auto opt = [&](size_t off) { return MambaLayout::opt(P, off); };
   auto gopt = [&](size_t off) { return MambaLayout::opt(G, off); };
   Ops::zero(g.dh, NC);
-  Ops::zero(g.dx1, NC);
 
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  Ops::linear_backward(g.dx1, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V);
+  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
+  // false) rather than zeroed and accumulated into: the same result, without the memset.
+  Ops::linear_backward(g.dx1, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
   Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx1, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
     auto& w = net_.layers[li];
     // next = h + out_proj(y): dh flows to h unchanged, and into the mixer.
-    Ops::zero(g.dy, ND);
-    Ops::linear_backward(g.dy, G + w.out_proj, gopt(w.out_bias), g.dh, a.y, P + w.out_proj, N, Di, C);
+    // dy [N, Di] is overwritten whole by out_proj's backward: no zeroing.
+    Ops::linear_backward(g.dy, G + w.out_proj, gopt(w.out_bias), g.dh, a.y, P + w.out_proj, N, Di, C, false);
     Ops::zero(g.dxz, 2 * ND);
     Ops::zero(g.dxc, ND);
     Ops::zero(g.ddbc, size_t(N) * W);
@@ -244,8 +245,8 @@ void MambaCore<T, Ops>::backward(const T* P, T* G) {
     Ops::linear_backward(g.dxc, G + w.x_proj, nullptr, g.ddbc, a.xc, P + w.x_proj, N, Di, W);
     Ops::short_conv_backward(g.dxz, G + w.conv, g.dxc, a.xz, P + w.conv, B, T_, Di, K, 2 * Di, Di, opt(w.conv_bias),
                              gopt(w.conv_bias));
-    Ops::zero(g.dx1, NC);
-    Ops::linear_backward(g.dx1, G + w.in_proj, gopt(w.in_bias), g.dxz, a.x1, P + w.in_proj, N, C, 2 * Di);
+    // dx1 is overwritten whole by in_proj's backward: no zeroing.
+    Ops::linear_backward(g.dx1, G + w.in_proj, gopt(w.in_bias), g.dxz, a.x1, P + w.in_proj, N, C, 2 * Di, false);
     Ops::rmsnorm_backward(g.dh, G + w.norm, g.dx1, a.h, P + w.norm, a.rstd, N, C);
   }
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);

@@ -362,8 +362,8 @@ void XLSTMCore<T, Ops>::mlstm_backward(const T* P, T* G, int li, T* dh, int B, i
   T* dxc = K ? g_.dxc : g_.dup;
   const int ldc = xc_ld();
   const T* xc = xc_of(a);
-  Ops::zero(g_.dhs, NI);
-  Ops::linear_backward(g_.dhs, G + w.proj_down, gbias(w.proj_down_b), dh, a.hs, P + w.proj_down, N, I, d);
+  // dhs [N, I] is overwritten whole by proj_down's backward (accumulate = false): no zeroing.
+  Ops::linear_backward(g_.dhs, G + w.proj_down, gbias(w.proj_down_b), dh, a.hs, P + w.proj_down, N, I, d, false);
   // hs = (hn + skip * xc) * silu(z)
   Ops::zero(g_.dup, 2 * NI);
   if (K) Ops::zero(g_.dxc, NI);
@@ -385,8 +385,8 @@ void XLSTMCore<T, Ops>::mlstm_backward(const T* P, T* G, int li, T* dh, int B, i
   if (K)
     Ops::short_conv_backward(g_.dup, G + w.conv, g_.dxc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b,
                              G + w.conv_b);
-  Ops::zero(g_.dx, size_t(N) * d);
-  Ops::linear_backward(g_.dx, G + w.proj_up, gbias(w.proj_up_b), g_.dup, a.x1, P + w.proj_up, N, d, 2 * I);
+  // dx is overwritten whole by proj_up's backward: no zeroing.
+  Ops::linear_backward(g_.dx, G + w.proj_up, gbias(w.proj_up_b), g_.dup, a.x1, P + w.proj_up, N, d, 2 * I, false);
   Ops::layernorm_backward(dh, G + w.norm, g_.dx, a.h, P + w.norm, a.mu1, a.r1, N, d, 1, kLnOffset);
 }
 
@@ -401,12 +401,11 @@ void XLSTMCore<T, Ops>::slstm_backward(const T* P, T* G, int li, T* dh, int B, i
   T* const gnone = nullptr;
   const T* const none = nullptr;
   // Feed-forward: next = hmid + proj_down(gelu(gate) * up), [gate | up] = proj_up(LN(hmid)).
-  Ops::zero(g_.dact, size_t(N) * U);
-  Ops::linear_backward(g_.dact, G + w.ffn_down, gnone, dh, a.act, P + w.ffn_down, N, U, d);
-  Ops::zero(g_.dgu, size_t(N) * 2 * U);
-  Ops::geglu_backward(g_.dgu, g_.dgu + U, g_.dact, a.gu, a.gu + U, N, U, 2 * U);
-  Ops::zero(g_.dx2, Nd);
-  Ops::linear_backward(g_.dx2, G + w.ffn_up, gnone, g_.dgu, a.x2, P + w.ffn_up, N, d, 2 * U);
+  // dact, dgu (both halves) and dx2 are overwritten whole by their one writer (accumulate =
+  // false): no zeroing.
+  Ops::linear_backward(g_.dact, G + w.ffn_down, gnone, dh, a.act, P + w.ffn_down, N, U, d, false);
+  Ops::geglu_backward(g_.dgu, g_.dgu + U, g_.dact, a.gu, a.gu + U, N, U, 2 * U, false);
+  Ops::linear_backward(g_.dx2, G + w.ffn_up, gnone, g_.dgu, a.x2, P + w.ffn_up, N, d, 2 * U, false);
   Ops::layernorm_backward(dh, G + w.ffn_norm, g_.dx2, a.hmid, P + w.ffn_norm, a.mu3, a.r3, N, d, 1, kLnOffset);
   // sLSTM layer: hmid = h + GN(slstm(Wx)).
   const bool gw = cfg.group_norm_weight;
@@ -446,8 +445,9 @@ void XLSTMCore<T, Ops>::backward(const T* P, T* G) {
   carve_grads(grad_arena_, B, T_);
   const size_t Nd = size_t(N) * d;
   Ops::cross_entropy_backward(g_.dlogits, acts_.logits, labels_, N, V, 1.0);
-  Ops::zero(g_.dx, Nd);
-  Ops::linear_backward(g_.dx, G + net_.head, static_cast<T*>(nullptr), g_.dlogits, acts_.xf, P + net_.head, N, d, V);
+  // dx is overwritten whole by the head's backward (accumulate = false): no zeroing.
+  Ops::linear_backward(g_.dx, G + net_.head, static_cast<T*>(nullptr), g_.dlogits, acts_.xf, P + net_.head, N, d, V,
+                       false);
   Ops::zero(g_.dh, Nd);
   Ops::layernorm_backward(g_.dh, G + net_.post_norm, g_.dx, acts_.hout, P + net_.post_norm, acts_.muf, acts_.rf, N, d,
                           1, kLnOffset);

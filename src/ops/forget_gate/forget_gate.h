@@ -9,6 +9,11 @@
 //   da += -exp(A_log) * s * dg ;  ddt_bias += sum_n (same) ;  dA_log += sum_n g * dg
 // (dA_log and ddt_bias may be null; their sums are reduced in a fixed order: deterministic for a
 // fixed thread count).
+// With accumulate = false da, the input gradient, is overwritten instead: its previous content is
+// never read (NaN included), and only its [N, H] elements are written (the other columns of an
+// lda-strided row are left alone). The CPU reference zero-fills each token's da just before its
+// unchanged accumulating loop: bit for bit the zero-fill + accumulate result. dA_log and
+// ddt_bias, the parameter gradients, always accumulate.
 #pragma once
 
 namespace lrnn::ops {
@@ -16,5 +21,5 @@ template <class T>
 void forget_gate_forward(T* g, const T* a, const T* A_log, const T* dt_bias, int N, int H, int lda = 0);
 template <class T>
 void forget_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a, const T* A_log,
-                          const T* dt_bias, int N, int H, int lda = 0);
+                          const T* dt_bias, int N, int H, int lda = 0, bool accumulate = true);
 }  // namespace lrnn::ops

@@ -26,6 +26,8 @@ __global__ void forget_gate_forward_kernel(float* __restrict__ g, const float* _
 }
 
 // Thread gid < S handles elements gid, gid + S, ... (S % H == 0: always head gid % H).
+// Acc false: da is overwritten (accumulated onto 0, never read); the sums always accumulate.
+template <bool Acc>
 __global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
     float* __restrict__ da, float* __restrict__ dA_log, float* __restrict__ ddt_bias, const float* __restrict__ dg,
     const float* __restrict__ a, const float* __restrict__ A_log, const float* __restrict__ dt_bias, int N, int H,
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
       const long long n = i / H;
       const float x = a[n * lda + h] + bias, d = dg[i];
       const float dx = -A * sigmoid(x) * d;
-      da[n * lda + h] += dx;
+      da[n * lda + h] = (Acc ? da[n * lda + h] : 0.f) + dx;
       accA += -A * softplus(x) * d;
       accB += dx;
     }
@@ -86,15 +88,15 @@ void forget_gate_forward(float* g, const float* a, const float* A_log, const flo
 }
 
 void forget_gate_backward(float* da, float* dA_log, float* ddt_bias, const float* dg, const float* a,
-                          const float* A_log, const float* dt_bias, int N, int H, int lda) {
+                          const float* A_log, const float* dt_bias, int N, int H, int lda, bool accumulate) {
   if (!lda) lda = H;
   const long long total = (long long)N * H;
   if (total <= 0) return;
   long long S = total < kMaxThreads ? total : kMaxThreads;
   S = (S + H - 1) / H * H;  // a multiple of H, >= H
-  forget_gate_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(S), kThreads), kThreads, 0,
-                                ::lrnn::cuda::stream()>>>(da, dA_log, ddt_bias, dg, a, A_log, dt_bias, N, H, lda,
-                                                          S);
+  auto kernel = accumulate ? forget_gate_backward_kernel<true> : forget_gate_backward_kernel<false>;
+  kernel<<<::lrnn::cuda::blocks_for(size_t(S), kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
+      da, dA_log, ddt_bias, dg, a, A_log, dt_bias, N, H, lda, S);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,4 +1,5 @@
 #include "ops/gated_rmsnorm/gated_rmsnorm.h"
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include <omp.h>
@@ -27,7 +28,7 @@ void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* g, const T* w, in
 
 template <class T>
 void gated_rmsnorm_backward(T* dx, T* dg, T* dw, const T* dy, const T* x, const T* g, const T* w,
-                            const T* rstd, int N, int heads, int D, int ldg) {
+                            const T* rstd, int N, int heads, int D, int ldg, bool accumulate) {
   if (!ldg) ldg = heads * D;
   const int nt = omp_get_max_threads();
   std::vector<T> part(dw ? size_t(nt) * D : 0, T(0));
@@ -44,6 +45,12 @@ void gated_rmsnorm_backward(T* dx, T* dg, T* dw, const T* dy, const T* x, const 
         T* dgr = dg + size_t(n) * ldg + size_t(h) * D;
         T* dxr = dx + r * D;
         const T rs = rstd[r];
+        // Overwrite: the row's dx and dg are zeroed (while in cache) before the unchanged
+        // accumulating loops: bit for bit the zero-filled + accumulate result.
+        if (!accumulate) {
+          std::fill_n(dgr, D, T(0));
+          std::fill_n(dxr, D, T(0));
+        }
         T dot = 0;  // sum e * x
         for (int c = 0; c < D; ++c) {
           const T s = silu(gr[c]);
@@ -64,7 +71,7 @@ void gated_rmsnorm_backward(T* dx, T* dg, T* dw, const T* dy, const T* x, const 
   template void gated_rmsnorm_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, double, \
                                          int);                                                    \
   template void gated_rmsnorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,      \
-                                          const T*, int, int, int, int);
+                                          const T*, int, int, int, int, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

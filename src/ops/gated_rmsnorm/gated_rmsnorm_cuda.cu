@@ -44,6 +44,8 @@ __global__ void __launch_bounds__(kThreads) gated_rmsnorm_forward_kernel(
 }
 
 // dynamic smem: kWarps * D floats when use_smem (else dw atomics per row; huge D only).
+// Acc false: dx and dg are overwritten (accumulated onto 0, never read); dw always accumulates.
+template <bool Acc>
 __global__ void __launch_bounds__(kThreads) gated_rmsnorm_backward_kernel(
     float* __restrict__ dx, float* __restrict__ dg, float* __restrict__ dw, const float* __restrict__ dy,
     const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) gated_rmsnorm_backward_kernel(
     for (int c = lane; c < D; c += 32) {
       const float gv = gr[c], s = sigmoid(gv), si = gv * s;
       const float dc = d[c], xc = xr[c], wc = w[c];
-      dgr[c] += dc * xc * rs * wc * (s * (1.f + gv * (1.f - s)));
+      dgr[c] = (Acc ? dgr[c] : 0.f) + dc * xc * rs * wc * (s * (1.f + gv * (1.f - s)));
       dot += dc * si * wc * xc;
       if (dw) {
         const float v = dc * si * xc * rs;
@@ -77,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) gated_rmsnorm_backward_kernel(
     const float k = dot * rs * rs * rs / float(D);
     for (int c = lane; c < D; c += 32) {
       const float gv = gr[c];
-      dxr[c] += rs * w[c] * (gv * sigmoid(gv)) * d[c] - xr[c] * k;
+      dxr[c] = (Acc ? dxr[c] : 0.f) + (rs * w[c] * (gv * sigmoid(gv)) * d[c] - xr[c] * k);
     }
   }
   if (!dw || !use_smem) return;  // uniform over the block
@@ -103,7 +105,7 @@ void gated_rmsnorm_forward(float* y, float* rstd, const float* x, const float* g
 }
 
 void gated_rmsnorm_backward(float* dx, float* dg, float* dw, const float* dy, const float* x, const float* g,
-                            const float* w, const float* rstd, int N, int heads, int D, int ldg) {
+                            const float* w, const float* rstd, int N, int heads, int D, int ldg, bool accumulate) {
   if (!ldg) ldg = heads * D;
   const long long R = (long long)N * heads;
   if (R <= 0 || D <= 0) return;
@@ -111,8 +113,9 @@ void gated_rmsnorm_backward(float* dx, float* dg, float* dw, const float* dy, co
   const bool use_smem = dw && smem_need <= kMaxSmem;
   unsigned blocks = ::lrnn::cuda::blocks_for(size_t(R), kWarps);
   if (blocks > unsigned(kMaxBlocks)) blocks = kMaxBlocks;
-  gated_rmsnorm_backward_kernel<<<blocks, kThreads, use_smem ? smem_need : 0, ::lrnn::cuda::stream()>>>(
-      dx, dg, dw, dy, x, g, w, rstd, int(R), heads, D, ldg, use_smem);
+  auto kernel = accumulate ? gated_rmsnorm_backward_kernel<true> : gated_rmsnorm_backward_kernel<false>;
+  kernel<<<blocks, kThreads, use_smem ? smem_need : 0, ::lrnn::cuda::stream()>>>(dx, dg, dw, dy, x, g, w, rstd, int(R),
+                                                                                heads, D, ldg, use_smem);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 

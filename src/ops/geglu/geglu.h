@@ -4,6 +4,10 @@
 // one fused [N, 2I] projection with ld = 2I; out [N, I] is packed.
 // Backward accumulates: dgate += dout * up * gelu'(gate), gelu' = Phi(x) + x phi(x);
 //                       dup += dout * gelu(gate)   (dgate, dup share the stride of gate, up).
+// With accumulate = false it overwrites dgate and dup instead: their previous content is never
+// read (NaN included), and only their [N, I] elements are written (the rest of an ld-strided row
+// is left alone). The CPU reference zero-fills each row just before its unchanged accumulating
+// loop: bit for bit the zero-fill + accumulate result.
 // float uses a vectorisable Phi (Abramowitz-Stegun 7.1.26, absolute error < 1e-7); double std::erfc.
 #pragma once
 
@@ -11,7 +15,8 @@ namespace lrnn::ops {
 template <class T>
 void geglu_forward(T* out, const T* gate, const T* up, int N, int I, int ld = 0);
 template <class T>
-void geglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N, int I, int ld = 0);
+void geglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N, int I, int ld = 0,
+                    bool accumulate = true);
 // The standard normal CDF as the op computes it (exposed for tests).
 template <class T>
 T normal_cdf(T x);

@@ -19,6 +19,8 @@ __global__ void geglu_forward_kernel(float* __restrict__ out, const float* __res
   out[e] = g * phi(g) * up[s];
 }
 
+// Acc false: overwrite (accumulate onto 0), the old dgate / dup never read.
+template <bool Acc>
 __global__ void geglu_backward_kernel(float* __restrict__ dgate, float* __restrict__ dup,
                                       const float* __restrict__ dout, const float* __restrict__ gate,
                                       const float* __restrict__ up, int N, int I, int ld) {
@@ -26,8 +28,8 @@ __global__ void geglu_backward_kernel(float* __restrict__ dgate, float* __restri
   if (e >= size_t(N) * I) return;
   const size_t n = e / I, i = e % I, s = n * ld + i;
   const float x = gate[s], P = phi(x), d = dout[e];
-  dgate[s] += d * up[s] * (P + x * density(x));
-  dup[s] += d * x * P;
+  dgate[s] = (Acc ? dgate[s] : 0.f) + d * up[s] * (P + x * density(x));
+  dup[s] = (Acc ? dup[s] : 0.f) + d * x * P;
 }
 
 }  // namespace
@@ -42,11 +44,12 @@ void geglu_forward(float* out, const float* gate, const float* up, int N, int I,
 }
 
 void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
-                    int ld) {
+                    int ld, bool accumulate) {
   if (!ld) ld = I;
   const size_t n = size_t(N) * I;
   if (!n) return;
-  geglu_backward_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
+  auto kernel = accumulate ? geglu_backward_kernel<true> : geglu_backward_kernel<false>;
+  kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
       dgate, dup, dout, gate, up, N, I, ld);
   LRNN_CUDA_LAUNCH_CHECK();
 }

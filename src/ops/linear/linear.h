@@ -1,7 +1,9 @@
 // Dense layer on OpenBLAS (row-major, PyTorch weight layout [out, in]).
 //   out[N,OC] = inp[N,IC] @ W[OC,IC]^T (+ bias[OC])
 // Backward accumulates: dinp += dout @ W ; dW += dout^T @ inp ; dbias += sum_n dout.
-// Any of dinp / dW / dbias may be null (not needed).
+// Any of dinp / dW / dbias may be null (not needed). With accumulate = false the input gradient
+// is overwritten instead: dinp = dout @ W (GEMM beta 0, its previous content is never read, NaN
+// included); dW and dbias, the parameter gradients, always accumulate.
 #pragma once
 
 namespace lrnn::ops {
@@ -19,5 +21,5 @@ template <class T>
 void linear_forward(T* out, const T* inp, const T* W, const T* bias, int N, int IC, int OC);
 template <class T>
 void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp, const T* W,
-                     int N, int IC, int OC);
+                     int N, int IC, int OC, bool accumulate = true);
 }  // namespace lrnn::ops

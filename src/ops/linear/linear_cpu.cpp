@@ -33,8 +33,9 @@ void linear_forward(T* out, const T* inp, const T* W, const T* bias, int N, int 
 
 template <class T>
 void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp, const T* W,
-                     int N, int IC, int OC) {
-  if (dinp) gemm<T>(false, false, N, IC, OC, T(1), dout, OC, W, IC, T(1), dinp, IC);
+                     int N, int IC, int OC, bool accumulate) {
+  // beta 0: BLAS does not read C (writes alpha op(A) op(B), even over NaN).
+  if (dinp) gemm<T>(false, false, N, IC, OC, T(1), dout, OC, W, IC, accumulate ? T(1) : T(0), dinp, IC);
   if (dW) gemm<T>(true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dW, IC);
   if (dbias)
     for (int n = 0; n < N; ++n)
@@ -43,7 +44,7 @@ void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp, cons
 
 #define INST(T)                                                                              \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);          \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

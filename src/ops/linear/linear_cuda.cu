@@ -68,9 +68,10 @@ void linear_forward(float* out, const float* inp, const float* W, const float* b
 }
 
 void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W, int N,
-                     int IC, int OC) {
-  // dinp[N,IC] += dout[N,OC] W[OC,IC]: column-major (IC x N) += W(IC x OC) * dout(OC x N)
-  if (dinp) sgemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, W, IC, dout, OC, 1.f, dinp, IC);
+                     int IC, int OC, bool accumulate) {
+  // dinp[N,IC] (+)= dout[N,OC] W[OC,IC]: column-major (IC x N) (+)= W(IC x OC) * dout(OC x N);
+  // beta 0 (accumulate = false): cuBLAS does not read dinp.
+  if (dinp) sgemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, W, IC, dout, OC, accumulate ? 1.f : 0.f, dinp, IC);
   // dW[OC,IC] += dout^T inp: column-major (IC x OC) += inp(IC x N) * dout^T(N x OC)
   if (dW) sgemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dW, IC);
   if (dbias) {

@@ -12,7 +12,7 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 __device__ __forceinline__ float fwd(float g, float u) { return g * sigmoid(g) * u; }
-// dgate += d * u * silu'(g), dup += d * silu(g)
+// dgate += d * u * silu'(g), dup += d * silu(g) (the kernels start dg, du at 0 to overwrite)
 __device__ __forceinline__ void bwd(float& dg, float& du, float d, float g, float u) {
   const float s = sigmoid(g);
   dg += d * u * s * (1.f + g * (1.f - s));
@@ -28,13 +28,15 @@ __global__ void swiglu_forward_kernel(float* __restrict__ out, const float* __re
   out[e] = fwd(gate[k], up[k]);
 }
 
+// Acc false: overwrite, the old dgate / dup never read.
+template <bool Acc>
 __global__ void swiglu_backward_kernel(float* __restrict__ dgate, float* __restrict__ dup,
                                        const float* __restrict__ dout, const float* __restrict__ gate,
                                        const float* __restrict__ up, int N, int I, int ld) {
   const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= size_t(N) * I) return;
   const size_t n = e / I, i = e % I, k = n * ld + i;
-  float dg = dgate[k], du = dup[k];
+  float dg = Acc ? dgate[k] : 0.f, du = Acc ? dup[k] : 0.f;
   bwd(dg, du, dout[e], gate[k], up[k]);
   dgate[k] = dg;
   dup[k] = du;
@@ -50,6 +52,7 @@ __global__ void swiglu_forward_kernel4(float4* __restrict__ out, const float4* _
   out[e] = make_float4(fwd(g.x, u.x), fwd(g.y, u.y), fwd(g.z, u.z), fwd(g.w, u.w));
 }
 
+template <bool Acc>
 __global__ void swiglu_backward_kernel4(float4* __restrict__ dgate, float4* __restrict__ dup,
                                         const float4* __restrict__ dout, const float4* __restrict__ gate,
                                         const float4* __restrict__ up, int N, int I4, int ld4) {
@@ -57,7 +60,8 @@ __global__ void swiglu_backward_kernel4(float4* __restrict__ dgate, float4* __re
   if (e >= size_t(N) * I4) return;
   const size_t n = e / I4, i = e % I4, k = n * ld4 + i;
   const float4 g = gate[k], u = up[k], d = dout[e];
-  float4 dg = dgate[k], du = dup[k];
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 dg = Acc ? dgate[k] : zero, du = Acc ? dup[k] : zero;
   bwd(dg.x, du.x, d.x, g.x, u.x);
   bwd(dg.y, du.y, d.y, g.y, u.y);
   bwd(dg.z, du.z, d.z, g.z, u.z);
@@ -87,19 +91,21 @@ void swiglu_forward(float* out, const float* gate, const float* up, int N, int I
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
-                     int ld) {
+                     int ld, bool accumulate) {
   if (!ld) ld = I;
   if (N <= 0 || I <= 0) return;
   auto s = ::lrnn::cuda::stream();
   if (I % 4 == 0 && ld % 4 == 0 && aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) &&
       aligned16(up)) {
     const size_t n = size_t(N) * (I / 4);
-    swiglu_backward_kernel4<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, s>>>(
+    auto kernel = accumulate ? swiglu_backward_kernel4<true> : swiglu_backward_kernel4<false>;
+    kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, s>>>(
         reinterpret_cast<float4*>(dgate), reinterpret_cast<float4*>(dup), reinterpret_cast<const float4*>(dout),
         reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), N, I / 4, ld / 4);
   } else {
-    swiglu_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(N) * I, kThreads), kThreads, 0, s>>>(
-        dgate, dup, dout, gate, up, N, I, ld);
+    auto kernel = accumulate ? swiglu_backward_kernel<true> : swiglu_backward_kernel<false>;
+    kernel<<<::lrnn::cuda::blocks_for(size_t(N) * I, kThreads), kThreads, 0, s>>>(dgate, dup, dout, gate, up, N, I,
+                                                                                  ld);
   }
   LRNN_CUDA_LAUNCH_CHECK();
 }

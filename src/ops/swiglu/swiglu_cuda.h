@@ -1,7 +1,8 @@
-// CUDA SwiGLU: the same contract as swiglu.h (device pointers, fp32). Backward accumulates.
+// CUDA SwiGLU: the same contract as swiglu.h (device pointers, fp32). Backward accumulates into
+// dgate and dup, or overwrites them (accumulate = false: not read).
 #pragma once
 namespace lrnn::ops::cuda {
 void swiglu_forward(float* out, const float* gate, const float* up, int N, int I, int ld = 0);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int N, int I,
-                     int ld = 0);
+                     int ld = 0, bool accumulate = true);
 }  // namespace lrnn::ops::cuda
