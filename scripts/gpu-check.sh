@@ -73,6 +73,8 @@ run_checks() {
   echo "== benchmark"
   timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 300 2>&1 | tee "$OUT/bench.md" || true
   { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$OUT/bench.md" || true; echo; } >>"$sum"
+  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 100 --profile 0 2>&1 | tee "$OUT/profile.md" || true
+  timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$OUT/gemm.md" || true
 
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
   local t0 t1 run=/tmp/lrnn-gpu-parity
