@@ -110,6 +110,10 @@ TEST(XlstmCuda, HeadwiseLinearMatchesCpu) {
   check_headwise(64, 16, 4, 4, 0, 0, true, 2);    // the mLSTM's q/k/v blocks
   check_headwise(61, 2, 16, 16, 5, 64, false, 3); // GEMM path, a slice of a wider buffer
   check_headwise(40, 4, 32, 32, 0, 96, true, 4);
+  check_headwise(37, 3, 16, 24, 2, 1, true, 5);   // GEMM path, I != O, odd strides
+  check_headwise(5000, 64, 4, 4, 0, 0, true, 6);  // narrow blocks over many rows (two-pass sums)
+  check_headwise(3, 64, 4, 4, 1, 2, true, 7);     // fewer rows than chunks
+  check_headwise(700, 200, 4, 4, 0, 0, false, 8); // more weights than the two-pass kernel takes
   cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
 }
 
