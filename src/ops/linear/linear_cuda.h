@@ -11,11 +11,4 @@ void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const floa
 void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC);
 void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W, int N,
                      int IC, int OC, bool accumulate = true);
-
-// Weight gradients of a block-diagonal map with narrow blocks (H heads of O x I; also a linear
-// layer with few outputs, H = 1): out[w] += sum_n dy[n, h*O + o] * x[n, h*I + i] for the nw = H*O*I
-// weights w = (h*O + o)*I + i — or, with x null, out[w] += sum_n dy[n, w] (a bias). Rows are
-// summed in chunks into scratch, then in a fixed order (deterministic, no atomics). Returns false
-// (nothing done) when nw is too large for it; the caller then uses a GEMM or its own reduction.
-bool narrow_weight_grad(float* out, const float* dy, const float* x, int N, int nw, int I, int O, int ldx, int ldy);
 }  // namespace lrnn::ops::cuda
