@@ -77,14 +77,17 @@ run_checks() {
   timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$OUT/gemm.md" || true
 
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
+  # The recipe that learns parity on 3 of 3 seeds in 3.7-6.6 s (docs/RESULTS.md section 7); the
+  # public protocol's lr 1e-3 reaches 0.99 on some seeds only (PARITY_SET="" runs it).
+  local FAST_PARITY="--set training.lr=1e-2 --set training.num_steps=10000 --set training.warmup_steps=1000"
   local t0 t1 run=/tmp/lrnn-gpu-parity
   t0=$(date +%s.%N)
   timeout "${PARITY_TIMEOUT:-300}" "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --device cuda --force --out "$run" \
     --set training.stop_at=0.99 --set training.val_every=250 --set training.checkpoint_every=0 \
-    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET:-} 2>&1 | tee "$OUT/parity.log" || true
+    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET-$FAST_PARITY} 2>&1 | tee "$OUT/parity.log" || true
   t1=$(date +%s.%N)
   {
-    echo "## Parity, DeltaNet [-1,1] P1 model (configs/chomsky/parity_delta_net_2.yaml, stop_at 0.99, val_every 250)"
+    echo "## Parity, DeltaNet [-1,1] P1 model (configs/chomsky/parity_delta_net_2.yaml ${PARITY_SET-$FAST_PARITY}, stop_at 0.99, val_every 250)"
     echo
     echo "    wall time $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}') s (process start to exit, evaluations included)"
     grep -E '^done|stopping early' "$OUT/parity.log" | sed 's/^/    /' || true
