@@ -33,6 +33,16 @@ std::string device_name() {
                      double(p.totalGlobalMem) / double(1 << 30));
 }
 
+int num_sms() {
+  static const int v = [] {
+    int dev = 0, n = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n > 0 ? n : 1;
+  }();
+  return v;
+}
+
 namespace {
 
 struct Context {

@@ -28,6 +28,8 @@ namespace lrnn::cuda {
 bool available();
 // A one-line description of device 0 ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
 std::string device_name();
+// Streaming multiprocessors of the current device (queried once).
+int num_sms();
 // The stream every lrnn op launches on (created on first use).
 cudaStream_t stream();
 // Waits for everything on the stream; rethrows asynchronous kernel faults.

@@ -944,10 +944,6 @@ int max_smem_optin() {
   static const int v = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return v;
 }
-int num_sms() {
-  static const int v = device_attr(cudaDevAttrMultiProcessorCount);
-  return v;
-}
 
 // Allows the kernel the device's whole opt-in shared memory (once per kernel).
 template <auto Kernel>
@@ -988,7 +984,7 @@ Launch plan(int DKP, int CPW, const DeltaRuleDims& d, bool bwd, bool gate) {
       LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nw * 32, smem));
       if (per_sm <= 0) continue;
       const int ytiles = (W + nw - 1) / nw;
-      const long long blocks = (long long)d.B * d.H * ytiles, slots = (long long)per_sm * num_sms();
+      const long long blocks = (long long)d.B * d.H * ytiles, slots = (long long)per_sm * ::lrnn::cuda::num_sms();
       const Launch c{nw, nbuf, ytiles, smem, (blocks + slots - 1) / slots};
       if (!best.nw || c.waves < best.waves) best = c;  // candidates come in order of preference
     }
@@ -1077,7 +1073,7 @@ void backward_dkp(Args a, const DeltaRuleDims& d) {
     // spills) and capped at 128 (16 warps per SM, a few spilled registers). Measured on the H200
     // (P1 shapes, T = 40): the capped one wins once the sequences need more than one wave of the
     // unbounded one (B = 1024: 249 vs 287 us) and loses below (B = 256: 91 vs 73 us).
-    const bool many = a.nseq > 12 * num_sms();
+    const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();
     if (many ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
              : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1>>(a, d, true))
       return;

@@ -9,45 +9,23 @@
 // the general kernels (one warp per row).
 #include "ops/l2norm/l2norm_cuda.h"
 #include <cstdint>
+#include "cuda/rows.cuh"
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
 namespace {
 
+using ::lrnn::cuda::group_sum;
+using ::lrnn::cuda::load_ro;
+using ::lrnn::cuda::load_rw;
+using ::lrnn::cuda::plan_row;
+using ::lrnn::cuda::RowPlan;
+using ::lrnn::cuda::store;
+using ::lrnn::cuda::warp_sum;
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-template <int VW>
-__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {
-  if constexpr (VW == 4) {
-    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else {
-    r[0] = __ldg(p);
-  }
-}
-template <int VW>
-__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {
-  if constexpr (VW == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(p);
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else {
-    r[0] = *p;
-  }
-}
-template <int VW>
-__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
-  if constexpr (VW == 4) *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-  else *p = r[0];
-}
-
-// Sum over the G lanes of a group (all 32 lanes of the warp must call it).
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One row per group; grid ceil(R G / kThreads). Lanes of groups past the last row take part in
 // the shuffles with zeros.
@@ -141,33 +119,10 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_vec(float* __restrict__ d
 
 // Which vector kernel a row of D takes: VW floats per load, G lanes per row, NCH vectors per
 // lane (G NCH VW >= D); G = 0: none (the general kernels).
-struct RowPlan {
-  int VW = 1, G = 0, NCH = 1;
-};
-RowPlan plan_row(int D, int vw) {
-  RowPlan p;
-  p.VW = vw;
-  const int nv = (D + vw - 1) / vw;  // vectors per row
-  if (nv <= 32) {
-    p.G = nv <= 4 ? 4 : nv <= 8 ? 8 : nv <= 16 ? 16 : 32;
-  } else {
-    const int per_lane = (nv + 31) / 32;
-    if (per_lane > 8) return p;
-    p.G = 32;
-    p.NCH = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
-  }
-  return p;
-}
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- general kernels (rows longer than the vector kernels take): one warp per row ----------
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __global__ void __launch_bounds__(kThreads) l2norm_forward_kernel(float* __restrict__ y, float* __restrict__ rstd,
                                                                   const float* __restrict__ x, int R, int D,
@@ -238,23 +193,6 @@ struct BwdLaunch {
   }
 };
 
-// Runs f.run<VW, G, NCH>() for the plan; false when no vector kernel fits.
-template <class F>
-bool dispatch(const RowPlan& p, const F& f) {
-#define LRNN_L2_CASE(vw_, g_, nch_)                         \
-  if (p.VW == vw_ && p.G == g_ && p.NCH == nch_) {          \
-    f.template run<vw_, g_, nch_>();                        \
-    return true;                                            \
-  }
-#define LRNN_L2_CASES(vw_)                                                                          \
-  LRNN_L2_CASE(vw_, 4, 1) LRNN_L2_CASE(vw_, 8, 1) LRNN_L2_CASE(vw_, 16, 1) LRNN_L2_CASE(vw_, 32, 1) \
-  LRNN_L2_CASE(vw_, 32, 2) LRNN_L2_CASE(vw_, 32, 4) LRNN_L2_CASE(vw_, 32, 8)
-  LRNN_L2_CASES(4)
-  LRNN_L2_CASES(1)
-#undef LRNN_L2_CASES
-#undef LRNN_L2_CASE
-  return false;
-}
 
 }  // namespace
 
@@ -263,9 +201,9 @@ void l2norm_forward(float* y, float* rstd, const float* x, int N, int D, double 
   if (!ldy) ldy = heads * D;
   const long long R = (long long)N * heads;
   if (R <= 0 || D <= 0) return;
-  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(x) && aligned16(y);
+  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && ::lrnn::cuda::aligned(x, 16) && ::lrnn::cuda::aligned(y, 16);
   const RowPlan p = plan_row(D, vec ? 4 : 1);
-  if (!dispatch(p, FwdLaunch{y, rstd, x, int(R), D, heads, ldx, ldy, float(eps)}))
+  if (!::lrnn::cuda::dispatch_rows(p, FwdLaunch{y, rstd, x, int(R), D, heads, ldx, ldy, float(eps)}))
     l2norm_forward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
         y, rstd, x, int(R), D, heads, ldx, ldy, float(eps));
   LRNN_CUDA_LAUNCH_CHECK();
@@ -277,9 +215,9 @@ void l2norm_backward(float* dx, const float* dy, const float* y, const float* rs
   if (!ldy) ldy = heads * D;
   const long long R = (long long)N * heads;
   if (R <= 0 || D <= 0) return;
-  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(y);
+  const bool vec = D % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && ::lrnn::cuda::aligned(dx, 16) && ::lrnn::cuda::aligned(dy, 16) && ::lrnn::cuda::aligned(y, 16);
   const RowPlan p = plan_row(D, vec ? 4 : 1);
-  if (!dispatch(p, BwdLaunch{dx, dy, y, rstd, int(R), D, heads, ldx, ldy, accumulate}))
+  if (!::lrnn::cuda::dispatch_rows(p, BwdLaunch{dx, dy, y, rstd, int(R), D, heads, ldx, ldy, accumulate}))
     l2norm_backward_kernel<<<::lrnn::cuda::blocks_for(size_t(R), kWarps), kThreads, 0, ::lrnn::cuda::stream()>>>(
         dx, dy, y, rstd, int(R), D, heads, ldx, ldy, accumulate);
   LRNN_CUDA_LAUNCH_CHECK();

@@ -17,10 +17,19 @@
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include <algorithm>
 #include <cstdint>
+#include "cuda/rows.cuh"
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
 namespace {
+
+using ::lrnn::cuda::group_sum;
+using ::lrnn::cuda::load_ro;
+using ::lrnn::cuda::load_rw;
+using ::lrnn::cuda::plan_row;
+using ::lrnn::cuda::RowPlan;
+using ::lrnn::cuda::store;
+using ::lrnn::cuda::warp_sum;
 
 constexpr int kThreads = 256;  // forward blocks; general kernels
 constexpr int kWarps = kThreads / 32;
@@ -39,37 +48,6 @@ __host__ __device__ constexpr int bwd_min_blocks() {
   return NCH == 1 ? 3 : 1;
 }
 
-template <int VW>
-__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {
-  if constexpr (VW == 4) {
-    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else {
-    r[0] = __ldg(p);
-  }
-}
-template <int VW>
-__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {
-  if constexpr (VW == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(p);
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else {
-    r[0] = *p;
-  }
-}
-template <int VW>
-__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
-  if constexpr (VW == 4) *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-  else *p = r[0];
-}
-
-// Sum over the G lanes of a group (all 32 lanes of the warp must call it).
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One row per group; grid ceil(N G / kThreads). Lanes of groups past the last row take part in
 // the shuffles with zeros.
@@ -221,23 +199,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_reduce_kernel(float* __restrict_
 
 // Which vector kernel a row of C takes: VW floats per load, G lanes per row, NCH vectors per
 // lane (G NCH VW >= C); G = 0: none (the general kernels).
-struct RowPlan {
-  int VW = 1, G = 0, NCH = 1;
-};
-RowPlan plan_row(int C, int vw) {
-  RowPlan p;
-  p.VW = vw;
-  const int nv = (C + vw - 1) / vw;  // vectors per row
-  if (nv <= 32) {
-    p.G = nv <= 4 ? 4 : nv <= 8 ? 8 : nv <= 16 ? 16 : 32;
-  } else {
-    const int per_lane = (nv + 31) / 32;
-    if (per_lane > 8) return p;
-    p.G = 32;
-    p.NCH = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
-  }
-  return p;
-}
 
 // Blocks of the vector backward: enough for every row group, at most `resident` (one wave),
 // and (with dw) few enough that the partials fit the scratch.
@@ -249,15 +210,9 @@ int bwd_blocks(int N, int C, int G, int threads, long long resident, bool want_d
   return int(std::max(1LL, nb));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- general kernels (rows longer than the vector kernels take) -----------------------------
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
                                                                    const float* __restrict__ x,
@@ -321,16 +276,6 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(float* __res
 
 namespace {
 
-int num_sms() {
-  static const int v = [] {
-    int dev = 0, n = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n > 0 ? n : 1;
-  }();
-  return v;
-}
-
 // Resident blocks of a backward kernel on the whole device (queried once per kernel).
 template <int VW, int G, int NCH>
 long long resident_bwd_blocks() {
@@ -338,7 +283,7 @@ long long resident_bwd_blocks() {
     int per_sm = 0;
     LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rmsnorm_bwd_vec<VW, G, NCH>,
                                                                   bwd_threads<NCH>(), 0));
-    return (long long)std::max(per_sm, 1) * num_sms();
+    return (long long)std::max(per_sm, 1) * ::lrnn::cuda::num_sms();
   }();
   return v;
 }
@@ -372,30 +317,13 @@ struct BwdLaunch {
   }
 };
 
-// Runs f.run<VW, G, NCH>() for the plan; false when no vector kernel fits.
-template <class F>
-bool dispatch(const RowPlan& p, const F& f) {
-#define LRNN_RMS_CASE(vw_, g_, nch_)                        \
-  if (p.VW == vw_ && p.G == g_ && p.NCH == nch_) {          \
-    f.template run<vw_, g_, nch_>();                        \
-    return true;                                            \
-  }
-#define LRNN_RMS_CASES(vw_)                                                                             \
-  LRNN_RMS_CASE(vw_, 4, 1) LRNN_RMS_CASE(vw_, 8, 1) LRNN_RMS_CASE(vw_, 16, 1) LRNN_RMS_CASE(vw_, 32, 1) \
-  LRNN_RMS_CASE(vw_, 32, 2) LRNN_RMS_CASE(vw_, 32, 4) LRNN_RMS_CASE(vw_, 32, 8)
-  LRNN_RMS_CASES(4)
-  LRNN_RMS_CASES(1)
-#undef LRNN_RMS_CASES
-#undef LRNN_RMS_CASE
-  return false;
-}
 
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
   if (N <= 0 || C <= 0) return;
-  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(w);
-  if (!dispatch(plan_row(C, vec ? 4 : 1), FwdLaunch{out, rstd, x, w, N, C, float(eps)})) {
+  const bool vec = C % 4 == 0 && ::lrnn::cuda::aligned(out, 16) && ::lrnn::cuda::aligned(x, 16) && ::lrnn::cuda::aligned(w, 16);
+  if (!::lrnn::cuda::dispatch_rows(plan_row(C, vec ? 4 : 1), FwdLaunch{out, rstd, x, w, N, C, float(eps)})) {
     const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
     rmsnorm_forward_kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, float(eps));
   }
@@ -405,8 +333,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
                       int N, int C, bool accumulate) {
   if (N <= 0 || C <= 0) return;
-  const bool vec = C % 4 == 0 && aligned16(dx) && aligned16(dout) && aligned16(x) && aligned16(w);
-  if (!dispatch(plan_row(C, vec ? 4 : 1), BwdLaunch{dx, dw, dout, x, w, rstd, N, C, accumulate})) {
+  const bool vec = C % 4 == 0 && ::lrnn::cuda::aligned(dx, 16) && ::lrnn::cuda::aligned(dout, 16) && ::lrnn::cuda::aligned(x, 16) && ::lrnn::cuda::aligned(w, 16);
+  if (!::lrnn::cuda::dispatch_rows(plan_row(C, vec ? 4 : 1), BwdLaunch{dx, dw, dout, x, w, rstd, N, C, accumulate})) {
     const size_t smem_need = size_t(kWarps) * C * sizeof(float);
     const bool use_smem = dw && smem_need <= kMaxSmem;
     const size_t smem = use_smem ? smem_need : 0;

@@ -29,10 +29,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include "cuda/rows.cuh"
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
 namespace {
+
+using ::lrnn::cuda::load_ro;
+using ::lrnn::cuda::load_rw;
+using ::lrnn::cuda::store;
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
@@ -47,40 +52,6 @@ constexpr int kFwdPrefetch = 3;  // time steps loaded ahead (bytes in flight per
 constexpr int kBwdPrefetch = 2;
 constexpr long long kScratchFloats = (1 << 20) / sizeof(float);  // lrnn::cuda::scratch capacity
 
-template <int VW>
-__device__ __forceinline__ void load_ro(float (&r)[VW], const float* p) {  // read-only data
-  if constexpr (VW == 4) {
-    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else if constexpr (VW == 2) {
-    const float2 t = __ldg(reinterpret_cast<const float2*>(p));
-    r[0] = t.x, r[1] = t.y;
-  } else {
-    r[0] = __ldg(p);
-  }
-}
-template <int VW>
-__device__ __forceinline__ void load_rw(float (&r)[VW], const float* p) {  // data this kernel writes
-  if constexpr (VW == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(p);
-    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
-  } else if constexpr (VW == 2) {
-    const float2 t = *reinterpret_cast<const float2*>(p);
-    r[0] = t.x, r[1] = t.y;
-  } else {
-    r[0] = *p;
-  }
-}
-template <int VW>
-__device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
-  if constexpr (VW == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-  } else if constexpr (VW == 2) {
-    *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
-  } else {
-    *p = r[0];
-  }
-}
 template <int VW>
 __device__ __forceinline__ void zero(float (&r)[VW]) {
 #pragma unroll
@@ -376,13 +347,12 @@ WinPlan plan_window(int B, int T, int C, int K, int VW, int by, long long target
   return p;
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // The widest vector (4, 2, 1 floats) that C, the strides and every pointer allow.
 int vector_width(int C, int ldx, int ldo, std::initializer_list<const void*> ptrs) {
   for (int vw : {4, 2}) {
     bool ok = C % vw == 0 && ldx % vw == 0 && ldo % vw == 0;
-    for (const void* p : ptrs) ok = ok && aligned(p, vw * sizeof(float));
+    for (const void* p : ptrs) ok = ok && ::lrnn::cuda::aligned(p, vw * sizeof(float));
     if (ok) return vw;
   }
   return 1;
@@ -518,16 +488,6 @@ size_t smem_floats(int K) {
 
 namespace {
 
-int num_sms() {
-  static const int v = [] {
-    int dev = 0, n = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n > 0 ? n : 1;
-  }();
-  return v;
-}
-
 template <int VW>
 void launch_fwd(const WinPlan& p, float* out, const float* x, const float* w, const float* bias, int B, int T, int C,
                 int K, int ldx, int ldo) {
@@ -578,7 +538,7 @@ void short_conv_forward(float* out, const float* x, const float* w, int B, int T
     return;
   }
   const int vw = vector_width(C, ldx, ldo, {x, out});
-  const WinPlan p = plan_window(B, T_, C, K, vw, kFwdRows, 2048LL * num_sms(), false);
+  const WinPlan p = plan_window(B, T_, C, K, vw, kFwdRows, 2048LL * ::lrnn::cuda::num_sms(), false);
   if (vw == 4) launch_fwd<4>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
   else if (vw == 2) launch_fwd<2>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
   else launch_fwd<1>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
@@ -604,7 +564,7 @@ void short_conv_backward(float* dx, float* dw, const float* dout, const float* x
   }
   const bool sums = dw || dbias;
   const int vw = vector_width(C, ldx, ldo, {x, dx, dout});
-  const WinPlan p = plan_window(B, T_, C, K, vw, kBwdRows, 1024LL * num_sms(), sums);
+  const WinPlan p = plan_window(B, T_, C, K, vw, kBwdRows, 1024LL * ::lrnn::cuda::num_sms(), sums);
   float* part = nullptr;
   if (sums && !p.direct)
     part = static_cast<float*>(::lrnn::cuda::scratch(size_t(p.rblocks) * C * (K + 1) * sizeof(float)));
