@@ -249,7 +249,6 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
   grad_arena_.reserve(plan.bytes);
   grad_arena_.reset();
   carve_grads(grad_arena_, B, T_);
-  const size_t NC = size_t(N) * C, NV = size_t(N) * c.Vd;
   Grads& g = g_;
 
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);

@@ -148,18 +148,26 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
   near(o2.download(), o_ref, opts.tol, "forward o (no checkpoints)");
   near(ck.download(), ck_ref, opts.tol, "chunk checkpoints");
 
+  // The CUDA backward from initial gradients gx0 / gg0; returns the gradients (gg in `gg_out`).
+  auto backward = [&](const std::vector<float>& gx0, const std::vector<float>& gg0, const float* ckpt,
+                      bool accumulate, std::vector<float>& gg_out) {
+    auto gx = to_device(gx0);
+    Buffer<float> gg;
+    if (opts.gate) gg = to_device(gg0);
+    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                         gx.data() + p.off_b, opts.gate ? gg.data() : nullptr, dout.data(),
+                                         p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d, ckpt,
+                                         accumulate);
+    lrnn::cuda::synchronize();
+    if (opts.gate) gg_out = gg.download();
+    return gx.download();
+  };
+
   // Backward twice: with the forward's checkpoints and without (recomputed inside).
   for (const bool with_ckpt : {true, false}) {
     SCOPED_TRACE(with_ckpt ? "backward with checkpoints" : "backward without checkpoints");
-    auto gx = to_device(p.gx);
-    Buffer<float> gg;
-    if (opts.gate) gg = to_device(p.gg);
-    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
-                                         gx.data() + p.off_b, opts.gate ? gg.data() : nullptr, dout.data(),
-                                         p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
-                                         with_ckpt ? ck.data() : nullptr);
-    lrnn::cuda::synchronize();
-    const auto got = gx.download();
+    std::vector<float> gg;
+    const auto got = backward(p.gx, p.gg, with_ckpt ? ck.data() : nullptr, true, gg);
     // Each gradient separately (their magnitudes differ), padding included in fused mode.
     auto slice = [&](const std::vector<float>& v, size_t from, size_t to) {
       return std::vector<float>(v.begin() + from, v.begin() + to);
@@ -172,7 +180,7 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
       near(slice(got, p.off_v, p.off_b), slice(gx_ref, p.off_v, p.off_b), opts.tol, "dv");
       near(slice(got, p.off_b, got.size()), slice(gx_ref, p.off_b, gx_ref.size()), opts.tol, "dbeta_logit");
     }
-    if (opts.gate) near(gg.download(), gg_ref, opts.tol, "dg");
+    if (opts.gate) near(gg, gg_ref, opts.tol, "dg");
   }
 
   // accumulate = false: the gradients are written over NaN (padding of fused rows untouched).
@@ -188,16 +196,10 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
       for (size_t e = 0; e < init.size(); ++e)
         if (e % d.lq() >= p.off_b + size_t(d.n_h) * d.H) init[e] = gx0[e] = 3.f;
     }
-    auto gx = to_device(init);
-    Buffer<float> gg;
-    if (opts.gate) gg = to_device(std::vector<float>(p.gg.size(), std::nanf("")));
-    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
-                                         gx.data() + p.off_b, opts.gate ? gg.data() : nullptr, dout.data(),
-                                         p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d, ck.data(),
-                                         /*accumulate=*/false);
-    lrnn::cuda::synchronize();
-    near(gx.download(), gx0, opts.tol, "dq|dk|dv|dbeta overwritten");
-    if (opts.gate) near(gg.download(), gg0, opts.tol, "dg overwritten");
+    std::vector<float> gg;
+    const auto got = backward(init, std::vector<float>(p.gg.size(), std::nanf("")), ck.data(), false, gg);
+    near(got, gx0, opts.tol, "dq|dk|dv|dbeta overwritten");
+    if (opts.gate) near(gg, gg0, opts.tol, "dg overwritten");
   }
 }
 
