@@ -123,8 +123,7 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
   const std::string mode = argc > 2 ? argv[2] : "";
   const bool profile = mode == "--profile";
-  const int picked = argc > 3 ? std::atoi(argv[3]) : (mode == "--only" ? -1 : 0);  // index into models[]
-  const int profiled = picked;
+  const int picked = argc > 3 ? std::atoi(argv[3]) : 0;  // --profile / --only: index into models[]
   if (!cuda::available()) {
     std::fprintf(stderr, "bench_cuda: no CUDA device\n");
     return 1;
@@ -152,20 +151,24 @@ int main(int argc, char** argv) {
       {"Transformer (P1: d128 L2 H4, MLP 512)",
        "{model_type: llama, hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 512}"},
   };
+  if ((profile || mode == "--only") && (picked < 0 || picked >= int(std::size(models)))) {
+    std::fprintf(stderr, "bench_cuda: model index %d out of range 0..%d\n", picked, int(std::size(models)) - 1);
+    return 2;
+  }
   if (mode == "--gemm") {
     bench_gemms(steps);
     return 0;
   }
   if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
     for (int B : {256, 1024}) {
-      ExperimentConfig cfg = config(models[profiled].yaml, B, steps);
+      ExperimentConfig cfg = config(models[picked].yaml, B, steps);
       cuda::set_profiling(true);
       time_steps(cfg, 5, false, false);  // warm-up and graph-free setup
       cuda::reset_profile();
       time_steps(cfg, steps, false, false);
       cuda::set_profiling(false);
       std::printf("\nper-op device time, %s, batch %d, T 40 (ms per step, synchronised per op)\n\n",
-                  models[profiled].name, B);
+                  models[picked].name, B);
       std::printf("| op | ms/step | calls/step |\n|---|---|---|\n");
       double total = 0;
       auto prof = cuda::profile();

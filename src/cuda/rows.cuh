@@ -44,6 +44,23 @@ __device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
   }
 }
 
+// The slices of a row of `len` floats that lane gl of a G-lane group holds: vectors gl, gl + G,
+// ..., each VW floats from p + (gl + i G) VW; zeros past the row's end or when !ok (a group
+// past the last row, which still takes part in the group's shuffles).
+template <int VW, int G, int NCH>
+__device__ __forceinline__ void load_row(float (&v)[NCH][VW], const float* p, int len, int gl, bool ok) {
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int e = (gl + i * G) * VW;
+    if (ok && e < len) {
+      load_ro(v[i], p + e);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VW; ++k) v[i][k] = 0.f;
+    }
+  }
+}
+
 // Sum over the G lanes of a group (all 32 lanes of the warp must call it).
 template <int G>
 __device__ __forceinline__ float group_sum(float v) {

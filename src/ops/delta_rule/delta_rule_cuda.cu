@@ -50,6 +50,7 @@
 #include <mutex>
 #include <tuple>
 #include <cuda_pipeline.h>
+#include "cuda/rows.cuh"
 #include "cuda/runtime.h"
 
 // Argument checks (core/check.h's fmt does not go through nvcc): throws lrnn::Error naming the
@@ -696,34 +697,18 @@ __device__ __forceinline__ void reg_axpy(float (&S)[DK], const float (&r)[DK], f
   for (int i = 0; i < DK; ++i) S[i] = fmaf(r[i], c, S[i]);
 }
 
-// x . S (x a DK-row of shared memory, read as float4 broadcasts), four partial sums.
+// The same with x a DK-row of shared memory (read as float4 broadcasts).
 template <int DK>
 __device__ __forceinline__ float lane_dot(const float (&S)[DK], const float* x) {
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  float p[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < DK / 4; ++i) {
-    const float4 v = x4[i];
-    p[0] = fmaf(v.x, S[4 * i], p[0]);
-    p[1] = fmaf(v.y, S[4 * i + 1], p[1]);
-    p[2] = fmaf(v.z, S[4 * i + 2], p[2]);
-    p[3] = fmaf(v.w, S[4 * i + 3], p[3]);
-  }
-  return (p[0] + p[1]) + (p[2] + p[3]);
+  float r[DK];
+  lane_row<DK>(r, x);
+  return reg_dot<DK>(S, r);
 }
-
-// S += x * c (x a DK-row of shared memory).
 template <int DK>
 __device__ __forceinline__ void lane_axpy(float (&S)[DK], const float* x, float c) {
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-#pragma unroll
-  for (int i = 0; i < DK / 4; ++i) {
-    const float4 v = x4[i];
-    S[4 * i] = fmaf(v.x, c, S[4 * i]);
-    S[4 * i + 1] = fmaf(v.y, c, S[4 * i + 1]);
-    S[4 * i + 2] = fmaf(v.z, c, S[4 * i + 2]);
-    S[4 * i + 3] = fmaf(v.w, c, S[4 * i + 3]);
-  }
+  float r[DK];
+  lane_row<DK>(r, x);
+  reg_axpy<DK>(S, r, c);
 }
 
 // Transposing butterfly: sums the vectors x[0..M) of the 32 lanes. At offset O a lane keeps the
@@ -755,11 +740,7 @@ __device__ __forceinline__ float transpose_sum(float (&x)[DK], int lane) {
   tsum<DK, 16>(x, lane);
   return x[0];
 }
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
-  return x;
-}
+using ::lrnn::cuda::warp_sum;
 
 // Writes or adds one gradient element. Each element has one owner lane, so the add may be an
 // atomic (a fire-and-forget reduction: the warp does not wait for the old value, where `*p += x`
@@ -1069,10 +1050,11 @@ void zero_grad(float* p, long long rows, int cols, long long ld) {
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
-    // Two builds of the lane backward: unbounded registers (168 at DK = 32: 12 warps per SM, no
-    // spills) and capped at 128 (16 warps per SM, a few spilled registers). Measured on the H200
-    // (P1 shapes, T = 40): the capped one wins once the sequences need more than one wave of the
-    // unbounded one (B = 1024: 249 vs 287 us) and loses below (B = 256: 91 vs 73 us).
+    // Two builds of the lane backward: unbounded registers (210 at DK = 32 per ptxas -v: 8 warps
+    // per SM, no spills) and capped at 128 (16 warps per SM, a few spilled registers). Measured
+    // on the H200 (P1 shapes, T = 40): the capped one wins when there are many sequences per SM
+    // (B = 1024, 31 per SM: 249 vs 287 us) and loses with few (B = 256, 7.8 per SM: 91 vs 73 us);
+    // the switch sits between the two measured points, at 12 sequences per SM.
     const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();
     if (many ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
              : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1>>(a, d, true))

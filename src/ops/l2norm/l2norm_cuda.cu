@@ -17,6 +17,7 @@ namespace {
 
 using ::lrnn::cuda::group_sum;
 using ::lrnn::cuda::load_ro;
+using ::lrnn::cuda::load_row;
 using ::lrnn::cuda::load_rw;
 using ::lrnn::cuda::plan_row;
 using ::lrnn::cuda::RowPlan;
@@ -41,19 +42,12 @@ __global__ void __launch_bounds__(kThreads) l2norm_fwd_vec(float* __restrict__ y
   const float* xr = x + size_t(n) * ldx + size_t(h) * D;
   float* yr = y + size_t(n) * ldy + size_t(h) * D;
   float v[NCH][VW];
+  load_row<VW, G, NCH>(v, xr, D, gl, ok);
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < NCH; ++i) {
-    const int d = (gl + i * G) * VW;
-    if (ok && d < D) {
-      load_ro(v[i], xr + d);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VW; ++k) v[i][k] = 0.f;
-    }
+  for (int i = 0; i < NCH; ++i)
 #pragma unroll
     for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
-  }
   ss = group_sum<G>(ss);
   const float r = 1.f / sqrtf(ss + eps);
   if (ok && gl == 0) rstd[row] = r;
@@ -83,20 +77,13 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_vec(float* __restrict__ d
   const float* g = dy + size_t(n) * ldy + size_t(h) * D;
   float* dxr = dx + size_t(n) * ldx + size_t(h) * D;
   float yv[NCH][VW], gv[NCH][VW];
+  load_row<VW, G, NCH>(yv, yr, D, gl, ok);
+  load_row<VW, G, NCH>(gv, g, D, gl, ok);
   float dot = 0.f;
 #pragma unroll
-  for (int i = 0; i < NCH; ++i) {
-    const int d = (gl + i * G) * VW;
-    if (ok && d < D) {
-      load_ro(yv[i], yr + d);
-      load_ro(gv[i], g + d);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VW; ++k) yv[i][k] = gv[i][k] = 0.f;
-    }
+  for (int i = 0; i < NCH; ++i)
 #pragma unroll
     for (int k = 0; k < VW; ++k) dot += yv[i][k] * gv[i][k];
-  }
   dot = group_sum<G>(dot);
   const float r = ok ? __ldg(rstd + row) : 0.f;
 #pragma unroll

@@ -25,6 +25,7 @@ namespace {
 
 using ::lrnn::cuda::group_sum;
 using ::lrnn::cuda::load_ro;
+using ::lrnn::cuda::load_row;
 using ::lrnn::cuda::load_rw;
 using ::lrnn::cuda::plan_row;
 using ::lrnn::cuda::RowPlan;
@@ -62,19 +63,12 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_fwd_vec(float* __restrict__ 
   const float* xr = x + row * C;
   float* o = out + row * C;
   float v[NCH][VW];
+  load_row<VW, G, NCH>(v, xr, C, gl, ok);
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < NCH; ++i) {
-    const int c = (gl + i * G) * VW;
-    if (ok && c < C) {
-      load_ro(v[i], xr + c);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VW; ++k) v[i][k] = 0.f;
-    }
+  for (int i = 0; i < NCH; ++i)
 #pragma unroll
     for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
-  }
   ss = group_sum<G>(ss);
   const float r = 1.f / sqrtf(ss / float(C) + eps);
   if (ok && gl == 0) rstd[row] = r;
@@ -122,20 +116,13 @@ __global__ void __launch_bounds__(bwd_threads<NCH>(), bwd_min_blocks<NCH>()) rms
     const bool ok = rowl < N;
     const size_t off = ok ? size_t(rowl) * C : 0;
     float xv[NCH][VW], gv[NCH][VW];
+    load_row<VW, G, NCH>(xv, x + off, C, gl, ok);
+    load_row<VW, G, NCH>(gv, dout + off, C, gl, ok);
     float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-      const int c = (gl + i * G) * VW;
-      if (ok && c < C) {
-        load_ro(xv[i], x + off + c);
-        load_ro(gv[i], dout + off + c);
-      } else {
-#pragma unroll
-        for (int k = 0; k < VW; ++k) xv[i][k] = gv[i][k] = 0.f;
-      }
+    for (int i = 0; i < NCH; ++i)
 #pragma unroll
       for (int k = 0; k < VW; ++k) dot += gv[i][k] * wv[i][k] * xv[i][k];
-    }
     dot = group_sum<G>(dot);
     const float r = ok ? __ldg(rstd + rowl) : 0.f;
     const float kk = dot * r * r * r / float(C);
