@@ -9,6 +9,7 @@
 //   bench_cuda [steps] --only I                  model I only
 //   bench_cuda [steps] --profile [I=0]           per-op device time of model I
 //   bench_cuda [steps] --gemm                    the P1 DeltaNet's GEMMs alone at 40,960 tokens
+// LRNN_BENCH_PRECISION=bf16|tf32|fp32 sets training.precision (default: the config default, bf16).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +32,7 @@ task: {name: parity, train_len: [40, 40], eval_len: [40, 40]}
   root["model"] = YAML::Load(model_yaml);
   root["training"]["batch_size"] = B;
   root["training"]["num_steps"] = steps + 100;
+  if (const char* p = std::getenv("LRNN_BENCH_PRECISION")) root["training"]["precision"] = p;
   return ExperimentConfig::from_yaml(root, "bench_cuda");
 }
 
@@ -180,7 +182,9 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("device: %s, T = 40, %d timed steps each\n\n", cuda::device_name().c_str(), steps);
+  const char* prec = std::getenv("LRNN_BENCH_PRECISION");
+  std::printf("device: %s, T = 40, %d timed steps each, precision %s\n\n", cuda::device_name().c_str(), steps,
+              prec ? prec : "bf16 (default)");
   std::printf("| model | batch | graph ms/step | eager ms/step | graph+data ms/step | tokens/s (graph+data) |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (int i = 0; i < int(std::size(models)); ++i) {

@@ -3,6 +3,7 @@
 // of D floats onto a group of G lanes holding NCH vectors each. Included by .cu files only.
 #pragma once
 #include <cstdint>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace lrnn::cuda {
@@ -41,6 +42,22 @@ __device__ __forceinline__ void store(float* p, const float (&r)[VW]) {
     *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
   } else {
     *p = r[0];
+  }
+}
+
+// The same store into bf16 storage (rounded to nearest even); p must be VW * 2-byte aligned.
+template <int VW>
+__device__ __forceinline__ void store(__nv_bfloat16* p, const float (&r)[VW]) {
+  if constexpr (VW == 4) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(r[0], r[1]), hi = __floats2bfloat162_rn(r[2], r[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const unsigned*>(&lo);
+    u.y = *reinterpret_cast<const unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(p) = u;
+  } else if constexpr (VW == 2) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(r[0], r[1]);
+  } else {
+    *p = __float2bfloat16_rn(r[0]);
   }
 }
 

@@ -30,18 +30,41 @@ bool available();
 std::string device_name();
 // Streaming multiprocessors of the current device (queried once).
 int num_sms();
-// The stream every lrnn op launches on (created on first use).
+// The stream every lrnn op launches on (created on first use): the main stream, or the side
+// stream between fork() and unfork().
 cudaStream_t stream();
-// Waits for everything on the stream; rethrows asynchronous kernel faults.
+// Waits for everything on both streams; rethrows asynchronous kernel faults.
 void synchronize();
 
-// Matrix products: TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation; the default
-// for training) or full fp32 (for tight comparisons against the CPU reference).
-enum class GemmPrecision { TF32, FP32 };
+// Overlap inside a step: work whose results the main stream's next ops do not need (weight
+// gradients) can run on a second stream, next to latency-bound kernels such as the delta rule.
+//   fork()      the side stream waits for everything queued on the main stream so far; until
+//               unfork(), stream() and cublas() are the side stream's (ops launch there)
+//   unfork()    back to the main stream; returns a ticket for the side work queued so far
+//   wait(t)     the main stream waits for ticket t (before it overwrites what that work reads)
+//   join()      the main stream waits for all side work (before a step ends)
+// Both directions are event dependencies, so a captured CUDA graph keeps them as edges. The
+// side stream must not use scratch() (one buffer, ordered on the main stream only).
+void fork();
+int unfork();
+void wait(int ticket);
+void join();
+
+// Matrix products: TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), full fp32 (for
+// tight comparisons against the CPU reference), or BF16: TF32 as before, and the models that
+// support it keep their MLPs' widest tensors (the gate|up output, the activation and their
+// gradients) in bf16 with bf16 GEMMs (8-bit mantissa inputs, fp32 accumulation; what the papers'
+// bf16 autocast does to those layers). Recurrent state, residual stream and accumulators stay fp32.
+enum class GemmPrecision { TF32, FP32, BF16 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
-// The cuBLAS handle bound to stream(), with a fixed workspace (graph capture allocates nothing).
+// The cuBLAS handle bound to stream() (one per stream), with a fixed workspace (graph capture
+// allocates nothing).
 void* cublas();  // cublasHandle_t
+// A cuBLASLt handle (main stream only) and its fixed workspace (what it is: kLtWorkspace bytes).
+void* cublaslt();  // cublasLtHandle_t
+void* lt_workspace();
+constexpr size_t kLtWorkspace = 32 << 20;
 
 // Device scratch for reductions within a single op call (stream-ordered, so calls may reuse it):
 // at least `bytes` (<= 1 MiB), 256-byte aligned. Allocated once, before any capture.

@@ -55,12 +55,13 @@
 namespace lrnn {
 
 // The ops with the same contract on both backends.
-#define LRNN_MODEL_OPS(X)                                                                           \
-  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward) \
-  X(linear_backward) X(short_conv_forward) X(short_conv_backward) X(l2norm_forward) X(l2norm_backward) \
-  X(forget_gate_forward) X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward)   \
-  X(delta_rule_forward) X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward)                   \
-  X(cross_entropy_backward) X(add_inplace) X(zero)
+#define LRNN_MODEL_OPS(X)                                                                            \
+  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward)  \
+  X(linear_forward_residual) X(linear_backward) X(short_conv_forward) X(short_conv_l2norm_forward)     \
+  X(short_conv_backward) X(l2norm_forward) X(l2norm_backward) X(forget_gate_forward)                   \
+  X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward) X(delta_rule_forward)     \
+  X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_backward) X(add_inplace) \
+  X(zero)
 // ... and those Mamba adds (row-major strided GEMM, selective scan).
 #define LRNN_MAMBA_OPS(X) X(gemm) X(selective_scan_forward) X(selective_scan_backward)
 // ... and those the xLSTMs add (LayerNorm, block-diagonal linear, GELU gate, the two cells).
@@ -74,10 +75,24 @@ namespace lrnn {
   X(lstm_forward) X(lstm_backward) X(lstm_time_major_ids) X(lstm_batch_major) X(rope_forward)       \
   X(rope_backward) X(attention_forward) X(attention_backward)
 
+// ... and those only the CUDA backend has (mixed precision: bf16 storage; the bf16 GEMMs,
+// SwiGLU and RMSNorm output are overloads of the names above).
+#define LRNN_CUDA_ONLY_OPS(X) X(to_bf16)
+
 template <class T>
 struct CpuOps {
   static constexpr bool kDevice = false;
   using Arena = lrnn::Arena;
+  // The CPU computes every tensor in T.
+  static constexpr bool bf16_mlp() { return false; }
+  // Side-stream overlap (see CudaOps): on the CPU the work simply runs in order.
+  template <class F>
+  static int side(F&& f) {
+    f();
+    return 0;
+  }
+  static void wait(int) {}
+  static void join() {}
 #define LRNN_CPU_OP(name) \
   template <class... A>   \
   static decltype(auto) name(A&&... a) { return ops::name<T>(std::forward<A>(a)...); }
@@ -108,7 +123,28 @@ struct CudaOps {
   LRNN_MAMBA_OPS(LRNN_CUDA_OP)
   LRNN_XLSTM_OPS(LRNN_CUDA_OP)
   LRNN_BASELINE_OPS(LRNN_CUDA_OP)
+  LRNN_CUDA_ONLY_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
+  // Whether the MLPs keep their activations in bf16 (cuda::GemmPrecision::BF16).
+  static bool bf16_mlp() { return cuda::gemm_precision() == cuda::GemmPrecision::BF16; }
+  // Runs f's ops on the side stream (after everything queued so far) and returns a ticket that
+  // wait() turns into a dependency of the main stream; join() waits for all side work. The
+  // caller keeps what f reads unchanged until it waits (cuda::fork in cuda/runtime.h).
+  template <class F>
+  static int side(F&& f) {
+    cuda::fork();
+    struct Back {  // back to the main stream should f throw
+      bool done = false;
+      ~Back() {
+        if (!done) cuda::unfork();
+      }
+    } back;
+    f();
+    back.done = true;
+    return cuda::unfork();
+  }
+  static void wait(int ticket) { cuda::wait(ticket); }
+  static void join() { cuda::join(); }
   // The mean loss stays on the device in *loss; nothing comes back to the host (returns NaN).
   static double cross_entropy_loss(float* loss, const float* logits, const int32_t* labels, int N, int V) {
     cuda::OpTimer timer("cross_entropy_loss");

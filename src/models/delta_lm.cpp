@@ -138,18 +138,24 @@ void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
   const DeltaLMLayout::Cols& c = net_.cols;
   const size_t N = size_t(B) * T_, C = s.hidden_size, H = s.num_heads, I = s.intermediate_size;
   const size_t V = s.vocab_size, n = s.num_householder, Vd = c.Vd;
-  auto get = [&](size_t m) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(m); return nullptr; }
-    else return a.template alloc<T>(m);
+  auto get_as = [&](auto tag, size_t m) {
+    using E = decltype(tag);
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<E>(m); return static_cast<E*>(nullptr); }
+    else return m ? a.template alloc<E>(m) : static_cast<E*>(nullptr);
   };
+  auto get = [&](size_t m) { return get_as(T{}, m); };
+  const size_t mx = mixed_ ? 1 : 0;  // fp32 MLP tensors, or their bf16 counterparts
   acts_.layers.resize(s.num_hidden_layers);
   for (auto& l : acts_.layers) {
     l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
     l.proj = get(N * c.W); l.qkvc = get(N * c.Wc()); l.qkn = get(N * c.Wqk()); l.rqk = get(N * (1 + n) * H);
     l.lg = s.use_forget_gate ? get(N * H) : nullptr;
     l.o = get(N * Vd); l.ro = get(N * H); l.on = get(N * Vd);
-    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
-    l.gu = get(N * 2 * I); l.act = get(N * I);
+    l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get((1 - mx) * N * C);
+    l.gu = get((1 - mx) * N * 2 * I); l.act = get((1 - mx) * N * I);
+    l.x2h = get_as(bf16{}, mx * N * C); l.guh = get_as(bf16{}, mx * N * 2 * I); l.acth = get_as(bf16{}, mx * N * I);
+    l.wguh = get_as(bf16{}, mx * 3 * I * C);  // gate|up, then down: one conversion when P holds them so
+    l.wdh = l.wguh ? l.wguh + 2 * I * C : nullptr;
     l.ckpt = train ? get(ops::delta_rule_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
   acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
@@ -162,18 +168,23 @@ void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const size_t N = size_t(B) * T_, NC = N * s.hidden_size, NV = N * c.Vd, I = s.intermediate_size;
-  auto get = [&](size_t m) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(m); return nullptr; }
-    else return m ? a.template alloc<T>(m) : nullptr;
+  auto get_as = [&](auto tag, size_t m) {
+    using E = decltype(tag);
+    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<E>(m); return static_cast<E*>(nullptr); }
+    else return m ? a.template alloc<E>(m) : static_cast<E*>(nullptr);
   };
+  auto get = [&](size_t m) { return get_as(T{}, m); };
+  const size_t mx = mixed_ ? 1 : 0;
   g_.dh = get(NC); g_.dx = get(NC); g_.d1 = get(NV); g_.d2 = get(NV);
   g_.dproj = get(N * c.W); g_.dqkvc = get(N * c.Wc()); g_.dqkn = get(N * c.Wqk());
   g_.dlg = get(s.use_forget_gate ? N * s.num_heads : 0);
-  g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(N * s.vocab_size);
+  g_.dgu = get((1 - mx) * N * 2 * I); g_.dact = get((1 - mx) * N * I); g_.dlogits = get(N * s.vocab_size);
+  g_.dhh = get_as(bf16{}, mx * NC); g_.dguh = get_as(bf16{}, mx * N * 2 * I); g_.dacth = get_as(bf16{}, mx * N * I);
 }
 
 template <class T, class Ops>
 void DeltaLMCore<T, Ops>::reserve(int B, int T_, bool train) {
+  mixed_ = Ops::bf16_mlp();
   ArenaPlan plan;
   carve(plan, B, T_, train);
   arena_.reserve(plan.bytes);
@@ -190,10 +201,11 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const int N = B * T_, C = s.hidden_size, H = s.num_heads, Dv = s.head_v_dim;
-  const int n = s.num_householder, I = s.intermediate_size, V = s.vocab_size, K = s.use_short_conv ? s.conv_size : 0;
+  const int I = s.intermediate_size, V = s.vocab_size, K = s.use_short_conv ? s.conv_size : 0;
   const int Dk = s.head_k_dim;
   const double eps = s.norm_eps;
   const bool train = labels != nullptr;
+  mixed_ = Ops::bf16_mlp();
   ArenaPlan plan;
   carve(plan, B, T_, train);
   arena_.reserve(plan.bytes);
@@ -212,27 +224,80 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     auto& w = net_.layers[li];
     Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
     Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
-    Ops::short_conv_forward(a.qkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W, c.Wc());
-    Ops::l2norm_forward(a.qkn, a.rqk, a.qkvc, N, Dk, 1e-6, (1 + n) * H, c.Wc(), c.Wqk());
+    // q|k|v = SiLU(conv(.)), with q|k L2-normalised per head into qkn (on the GPU in one pass,
+    // leaving qkvc's q|k part unwritten: nothing reads it).
+    Ops::short_conv_l2norm_forward(a.qkvc, a.qkn, a.rqk, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W,
+                                   c.Wc(), c.Wqk(), Dk, 1e-6, c.Wqk());
     if (s.use_forget_gate) Ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
     Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt);
     if (s.use_output_gate)
       Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
     else
       Ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
-    Ops::linear_forward(a.hmid, a.on, P + w.o_proj, nullptr, N, c.Vd, C);
-    Ops::add_inplace(a.hmid, a.h, size_t(N) * C);
-    Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.mlp_norm, N, C, eps);
-    Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
-    Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
+    Ops::linear_forward_residual(a.hmid, a.on, P + w.o_proj, a.h, N, c.Vd, C);  // hmid = h + o_proj(on)
     T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
-    Ops::linear_forward(next, a.act, P + w.down_proj, nullptr, N, I, C);
-    Ops::add_inplace(next, a.hmid, size_t(N) * C);
+    mlp_forward(P, li, next, N, C, I, eps);
   }
   Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
   Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
   if (!labels) return 0.0;
   return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::mlp_forward(const T* P, size_t li, T* next, int N, int C, int I, double eps) {
+  auto& a = acts_.layers[li];
+  auto& w = net_.layers[li];
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {  // the same in bf16 storage; next (the residual stream) stays fp32
+      if (w.down_proj == w.gate_proj + size_t(2) * I * C) {
+        Ops::to_bf16(a.wguh, P + w.gate_proj, size_t(3) * I * C);
+      } else {
+        Ops::to_bf16(a.wguh, P + w.gate_proj, size_t(2) * I * C);
+        Ops::to_bf16(a.wdh, P + w.down_proj, size_t(C) * I);
+      }
+      Ops::rmsnorm_forward(a.x2h, a.rstd2, a.hmid, P + w.mlp_norm, N, C, eps);
+      Ops::linear_forward(a.guh, a.x2h, a.wguh, N, C, 2 * I);
+      Ops::swiglu_forward(a.acth, a.guh, a.guh + I, N, I, 2 * I);
+      Ops::linear_forward_residual(next, a.acth, a.wdh, a.hmid, N, I, C);
+      return;
+    }
+  }
+  Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.mlp_norm, N, C, eps);
+  Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
+  Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
+  Ops::linear_forward_residual(next, a.act, P + w.down_proj, a.hmid, N, I, C);  // next = hmid + down(act)
+}
+
+// The weight gradients of the linear layers run as side work (Ops::side: a second CUDA stream, in
+// order on the CPU) next to the main stream's input gradients, and the delta rule's latency-bound
+// backward above all. Whatever such work reads stays unchanged until the main stream waits for
+// its ticket: dh until the o_proj ticket (before attn_norm's backward adds to dh), dgu/dact and
+// their bf16 copies until the next layer's MLP (after that same wait), dproj until the next
+// layer's mixer writes it.
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C, int I) {
+  auto& a = acts_.layers[li];
+  auto& w = net_.layers[li];
+  Grads& g = g_;
+  // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {  // dh enters the bf16 GEMMs as a bf16 copy; dx and the weight gradients are fp32
+      Ops::to_bf16(g.dhh, g.dh, size_t(N) * C);
+      Ops::linear_backward(g.dacth, nullptr, g.dhh, a.acth, a.wdh, N, I, C, false);
+      T* const no_dx = nullptr;  // (a typed null picks the overload with fp32 input gradients)
+      Ops::side([&] { Ops::linear_backward(no_dx, G + w.down_proj, g.dhh, a.acth, a.wdh, N, I, C); });
+      Ops::swiglu_backward(g.dguh, g.dguh + I, g.dacth, a.guh, a.guh + I, N, I, 2 * I, false);
+      Ops::linear_backward(g.dx, nullptr, g.dguh, a.x2h, a.wguh, N, C, 2 * I, false);
+      Ops::side([&] { Ops::linear_backward(no_dx, G + w.gate_proj, g.dguh, a.x2h, a.wguh, N, C, 2 * I); });
+      return;
+    }
+  }
+  // fp32: the down projection's dW reads dh, which mlp_norm's backward changes next: in order.
+  Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C, false);
+  Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
+  Ops::linear_backward(g.dx, nullptr, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
+  Ops::side([&] { Ops::linear_backward(nullptr, G + w.gate_proj, nullptr, g.dgu, a.x2, nullptr, N, C, 2 * I); });
 }
 
 template <class T, class Ops>
@@ -254,23 +319,24 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
   Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
   // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
   // false) rather than zeroed and accumulated into: the same result, without the memset.
-  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
+  Ops::linear_backward(g.dx, nullptr, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
+  Ops::side([&] { Ops::linear_backward(nullptr, G + net_.head, nullptr, g.dlogits, acts_.xf, nullptr, N, C, V); });
   Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C, false);  // dh: first
 
+  int proj_ticket = -1;  // the last layer's q|k|v|b|a|g weight gradient (reads dproj)
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
     auto& a = acts_.layers[li];
     auto& w = net_.layers[li];
-    // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
-    // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
-    Ops::linear_backward(g.dact, G + w.down_proj, nullptr, g.dh, a.act, P + w.down_proj, N, I, C, false);
-    Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
-    Ops::linear_backward(g.dx, G + w.gate_proj, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
+    mlp_backward(P, G, size_t(li), N, C, I);
     Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
     // Mixer: hmid = h + o_proj(o_norm(delta_rule(...)))
     // Every backward op of the mixer writes (not adds) its input gradients: d1 (o_proj), d2 (o_norm),
     // dqkn and dqkvc's v part (delta rule), dqkvc's q|k part (L2 norm), and dproj's column ranges
     // q|k|v (short conv), beta (delta rule), a (forget gate), g (output gate). No zeroing.
-    Ops::linear_backward(g.d1, G + w.o_proj, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C, false);
+    Ops::linear_backward(g.d1, nullptr, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C, false);
+    const int o_ticket =
+        Ops::side([&] { Ops::linear_backward(nullptr, G + w.o_proj, nullptr, g.dh, a.on, nullptr, N, c.Vd, C); });
+    if (proj_ticket >= 0) Ops::wait(proj_ticket);  // dproj is written from here on
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
                                   H, Dv, c.W, /*accumulate=*/false);
@@ -286,10 +352,14 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk(), /*accumulate=*/false);
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
                              c.Wc(), K, c.W, c.Wc(), nullptr, nullptr, /*accumulate=*/false);
-    Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W, false);
+    Ops::linear_backward(g.dx, nullptr, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W, false);
+    proj_ticket =
+        Ops::side([&] { Ops::linear_backward(nullptr, G + w.q_proj, nullptr, g.dproj, a.x1, nullptr, N, C, c.W); });
+    Ops::wait(o_ticket);  // the side work up to o_proj's dW read dh (and this layer's MLP buffers)
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
+  Ops::join();
 }
 
 template class DeltaLM<float>;

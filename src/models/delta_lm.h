@@ -96,6 +96,9 @@ class DeltaLMCore {
     T* gu;    // [N, 2I]   gate|up
     T* act;   // [N, I]
     T* ckpt;  // delta-rule states at chunk starts (training only)
+    // Mixed precision (Ops::bf16_mlp(), device only): the MLP's x2, gu, act in bf16 instead (the
+    // fp32 ones are then null), and bf16 copies of its two weights, made at each forward.
+    bf16 *x2h, *guh, *acth, *wguh, *wdh;
   };
   struct Acts {
     std::vector<LayerActs> layers;
@@ -103,9 +106,14 @@ class DeltaLMCore {
   };
   struct Grads {
     T *dh, *dx, *d1, *d2, *dproj, *dqkvc, *dqkn, *dlg, *dgu, *dact, *dlogits;
+    bf16 *dhh, *dguh, *dacth;  // mixed precision: dh's bf16 copy, and dgu, dact in bf16 instead
   };
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
   template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
+  // The MLP of layer li: x2 = mlp_norm(hmid); next = hmid + down(swiglu(gate|up(x2))); and its
+  // backward from dh (the gradient of next) into dx (the gradient of x2, overwritten) and G.
+  void mlp_forward(const T* P, size_t li, T* next, int N, int C, int I, double eps);
+  void mlp_backward(const T* P, T* G, size_t li, int N, int C, int I);
 
   const DeltaLMLayout& net_;
   typename Ops::Arena arena_, grad_arena_;
@@ -114,6 +122,7 @@ class DeltaLMCore {
   const int32_t *tokens_ = nullptr, *labels_ = nullptr;
   int Bc_ = 0, Tc_ = 0;  // shape of the last forward
   bool trained_ = false;   // the last forward kept what backward needs
+  bool mixed_ = false;     // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
 };
 
 template <class T>

@@ -162,14 +162,12 @@ double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32
     Ops::linear_forward(a.qkv, a.x1, P + w.q_proj, nullptr, N, C, 3 * C);  // q|k|v
     Ops::rope_forward(a.qk, a.qkv, rd);                                     // q and k together
     Ops::attention_forward(a.att, a.lse, a.qk, a.qk + C, a.qkv + 2 * C, ad);
-    Ops::linear_forward(a.hmid, a.att, P + w.o_proj, nullptr, N, C, C);
-    Ops::add_inplace(a.hmid, a.h, size_t(N) * C);
+    Ops::linear_forward_residual(a.hmid, a.att, P + w.o_proj, a.h, N, C, C);  // hmid = h + o_proj(att)
     Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.post_norm, N, C, eps);
     Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
     Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
     T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
-    Ops::linear_forward(next, a.act, P + w.down_proj, nullptr, N, I, C);
-    Ops::add_inplace(next, a.hmid, size_t(N) * C);
+    Ops::linear_forward_residual(next, a.act, P + w.down_proj, a.hmid, N, I, C);
   }
   Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
   Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);

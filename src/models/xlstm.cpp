@@ -318,8 +318,7 @@ void XLSTMCore<T, Ops>::slstm_forward(const T* P, int li, int B, int T_) {
   Ops::layernorm_forward(a.x2, a.mu3, a.r3, a.hmid, P + w.ffn_norm, N, d, 1, kLnEps, kLnOffset);
   Ops::linear_forward(a.gu, a.x2, P + w.ffn_up, none, N, d, 2 * U);  // [gate | up]
   Ops::geglu_forward(a.act, a.gu, a.gu + U, N, U, 2 * U);
-  Ops::linear_forward(next, a.act, P + w.ffn_down, none, N, U, d);
-  Ops::add_inplace(next, a.hmid, size_t(N) * d);
+  Ops::linear_forward_residual(next, a.act, P + w.ffn_down, a.hmid, N, U, d);
 }
 
 template <class T, class Ops>

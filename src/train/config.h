@@ -24,6 +24,7 @@ struct TrainingConfig {
   int64_t checkpoint_every = 1000; // write a resumable checkpoint every N steps (and at the end)
   int64_t seed = 0;
   std::string device = "cpu";
+  std::string precision = "bf16";  // CUDA only: bf16 | tf32 | fp32 (cuda::GemmPrecision); the CPU computes in fp32
   int num_threads = 0;             // 0: all cores
   void describe(io::Schema& s);
 };

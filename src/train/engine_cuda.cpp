@@ -10,7 +10,8 @@
 // the loop logs (stats()).
 //
 // LRNN_CUDA_GRAPHS=0 launches the kernels one by one instead (for debugging and measurement);
-// LRNN_CUDA_TF32=0 runs the matrix products in full fp32 instead of TF32 tensor cores.
+// training.precision picks cuda::GemmPrecision (bf16 | tf32 | fp32); LRNN_CUDA_TF32=0 forces fp32
+// (what the tests comparing against the CPU use).
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -54,7 +55,10 @@ class CudaEngine final : public Engine {
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
     model_type_ = cfg.model["model_type"].as<std::string>();
     use_graphs_ = !env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
-    cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") ? cuda::GemmPrecision::FP32 : cuda::GemmPrecision::TF32);
+    const std::string& p = tc_.precision;
+    cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") || p == "fp32" ? cuda::GemmPrecision::FP32
+                             : p == "tf32"                            ? cuda::GemmPrecision::TF32
+                                                                      : cuda::GemmPrecision::BF16);
     for (auto& e : events_) LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaEngine() override {
@@ -151,7 +155,9 @@ class CudaEngine final : public Engine {
 
   std::string describe() const override {
     return fmt::format("cuda ({}; {} GEMMs{})", cuda::device_name(),
-                       cuda::gemm_precision() == cuda::GemmPrecision::TF32 ? "TF32" : "fp32",
+                       cuda::gemm_precision() == cuda::GemmPrecision::TF32   ? "TF32"
+                       : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "TF32, bf16 MLPs"
+                                                                             : "fp32",
                        use_graphs_ ? ", CUDA graphs" : "");
   }
 

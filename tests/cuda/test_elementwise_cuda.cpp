@@ -540,6 +540,44 @@ TEST(CudaElementwise, ShortConvBenchmarkBatch) {
   check_short_conv(1024, 40, 384, 4, 388, 384, false, true, 370, false, true);
 }
 
+// The fused conv + L2 norm (the delta rule's q|k): x [B T, ldx] (the projection row), out
+// [B T, C]; the first Cn channels normalised per head of D into y [B T, Cn] with rstd. Compared
+// with the CPU's two ops: y and rstd whole, out on its channels >= Cn (the GPU leaves out's first
+// Cn channels alone: they hold a sentinel that must survive). off shifts x (float4 -> fallback).
+void check_conv_l2norm(int B, int T, int C, int K, int ldx, int Cn, int D, int off, uint64_t seed) {
+  SCOPED_TRACE("conv+l2norm B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " K=" + std::to_string(K) + " Cn=" + std::to_string(Cn) + " D=" + std::to_string(D) +
+               " off=" + std::to_string(off));
+  const int N = B * T;
+  auto x = randn(size_t(N) * ldx + off, seed, 1.5), w = randn(size_t(C) * std::max(K, 1), seed + 1, 0.5);
+  std::vector<float> out(size_t(N) * C), y(size_t(N) * Cn), r(size_t(N) * (Cn / D));
+  cpu::short_conv_l2norm_forward<float>(out.data(), y.data(), r.data(), x.data() + off, K ? w.data() : nullptr, B, T,
+                                        C, K, ldx, C, Cn, D, 1e-6, Cn);
+  auto X = to_device(x), W = to_device(w);
+  std::vector<float> sentinel(out.size(), 7.f);
+  auto Out = to_device(sentinel);
+  Buffer<float> Y(y.size()), R(r.size());
+  gpu::short_conv_l2norm_forward(Out.data(), Y.data(), R.data(), X.data() + off, K ? W.data() : nullptr, B, T, C, K,
+                                 ldx, C, Cn, D, 1e-6, Cn);
+  expect_close(Y.download(), y, kFwdAtol, kFwdRtol, "y");
+  expect_close(R.download(), r, kFwdAtol, kFwdRtol, "rstd");
+  auto got = Out.download();
+  std::vector<float> g2, w2;
+  for (int n = 0; n < N; ++n)
+    for (int c = Cn; c < C; ++c) g2.push_back(got[size_t(n) * C + c]), w2.push_back(out[size_t(n) * C + c]);
+  expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
+}
+
+TEST(CudaElementwise, ShortConvL2Norm) {
+  LRNN_REQUIRE_GPU();
+  check_conv_l2norm(64, 40, 384, 4, 388, 256, 32, 0, 80);   // the P1 DeltaNet layer (fused, D = 32)
+  check_conv_l2norm(8, 37, 512, 4, 520, 384, 16, 0, 81);    // D = 16, n_h = 2 style widths
+  check_conv_l2norm(5, 50, 320, 3, 320, 128, 64, 0, 82);    // D = 64, K = 3
+  check_conv_l2norm(6, 21, 200, 0, 204, 96, 32, 0, 83);     // no conv (K = 0: SiLU only); C % 128 != 0
+  check_conv_l2norm(4, 19, 384, 4, 388, 256, 32, 1, 84);    // misaligned: the two-op fallback
+  check_conv_l2norm(3, 17, 96, 4, 96, 48, 24, 0, 85);       // D = 24: the fallback
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy
 

@@ -120,3 +120,41 @@ TEST(AdamWCuda, StepsMatchCpuAndSkipNonFinite) {
   EXPECT_EQ(st.loss_n, 3);
   EXPECT_NEAR(st.loss_sum, 1.5 + 1.2 + 1.1, 1e-6);
 }
+
+// out = inp W^T + res by cuBLASLt's epilogue against the CPU (linear_forward, then the add): fp32
+// GEMMs, TF32, an odd shape, misaligned pointers (another plan), and out == res (the fallback).
+TEST(LinearCuda, ResidualEpilogue) {
+  LRNN_REQUIRE_GPU();
+  struct Case {
+    int N, IC, OC, off;
+    cuda::GemmPrecision prec;
+    double rtol;
+  };
+  for (const Case& c : {Case{2048, 512, 128, 0, cuda::GemmPrecision::FP32, 2e-5},
+                        Case{2048, 128, 128, 0, cuda::GemmPrecision::TF32, 5e-3},
+                        Case{37, 129, 65, 1, cuda::GemmPrecision::FP32, 2e-5}}) {
+    SCOPED_TRACE("N=" + std::to_string(c.N) + " IC=" + std::to_string(c.IC) + " OC=" + std::to_string(c.OC) +
+                 " off=" + std::to_string(c.off));
+    cuda::set_gemm_precision(c.prec);
+    auto x = randn(size_t(c.N) * c.IC + c.off, 1), W = randn(size_t(c.OC) * c.IC + c.off, 2, 0.1);
+    auto r = randn(size_t(c.N) * c.OC + c.off, 3);
+    std::vector<float> y(size_t(c.N) * c.OC);
+    ops::linear_forward_residual<float>(y.data(), x.data() + c.off, W.data() + c.off, r.data() + c.off, c.N, c.IC,
+                                        c.OC);
+    auto gx = to_device(x), gW = to_device(W), gr = to_device(r);
+    cuda::Buffer<float> gy(y.size() + c.off);
+    ops::cuda::linear_forward_residual(gy.data() + c.off, gx.data() + c.off, gW.data() + c.off, gr.data() + c.off,
+                                       c.N, c.IC, c.OC);
+    auto got = gy.download();
+    got.erase(got.begin(), got.begin() + c.off);
+    const double atol = c.rtol * (std::sqrt(double(c.IC)) * 0.1 + 1);
+    expect_close(got, y, atol, c.rtol, "out");
+    // In place (out == res): the same sums.
+    ops::cuda::linear_forward_residual(gr.data() + c.off, gx.data() + c.off, gW.data() + c.off, gr.data() + c.off,
+                                       c.N, c.IC, c.OC);
+    auto inplace = gr.download();
+    inplace.erase(inplace.begin(), inplace.begin() + c.off);
+    expect_close(inplace, y, atol, c.rtol, "out == res");
+  }
+  cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
+}

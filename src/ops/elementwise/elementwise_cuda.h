@@ -1,7 +1,10 @@
 // CUDA versions of elementwise.h (device pointers, cuda::stream()).
 #pragma once
 #include <cstddef>
+#include "core/dtype.h"
 namespace lrnn::ops::cuda {
 void add_inplace(float* y, const float* x, size_t n);
 void zero(float* p, size_t n);
+// y = bf16(x), rounded to nearest even (NaN stays NaN): weights and gradients entering bf16 GEMMs.
+void to_bf16(bf16* y, const float* x, size_t n);
 }  // namespace lrnn::ops::cuda

@@ -22,4 +22,8 @@ void linear_forward(T* out, const T* inp, const T* W, const T* bias, int N, int 
 template <class T>
 void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp, const T* W,
                      int N, int IC, int OC, bool accumulate = true);
+// out = inp @ W^T + res (no bias; out must not alias res): a block's residual add, which the CUDA
+// version does in the GEMM's epilogue. Here: linear_forward, then out[i] += res[i].
+template <class T>
+void linear_forward_residual(T* out, const T* inp, const T* W, const T* res, int N, int IC, int OC);
 }  // namespace lrnn::ops

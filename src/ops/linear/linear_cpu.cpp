@@ -1,5 +1,6 @@
 #include "ops/linear/linear.h"
 #include <cblas.h>
+#include "core/check.h"
 
 namespace lrnn::ops {
 
@@ -42,8 +43,17 @@ void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp, cons
       for (int o = 0; o < OC; ++o) dbias[o] += dout[size_t(n) * OC + o];
 }
 
+template <class T>
+void linear_forward_residual(T* out, const T* inp, const T* W, const T* res, int N, int IC, int OC) {
+  LRNN_CHECK(out != res, "linear_forward_residual: out must not alias res");
+  linear_forward<T>(out, inp, W, nullptr, N, IC, OC);
+  const size_t n = size_t(N) * OC;
+  for (size_t i = 0; i < n; ++i) out[i] += res[i];
+}
+
 #define INST(T)                                                                              \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);          \
+  template void linear_forward_residual<T>(T*, const T*, const T*, const T*, int, int, int); \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, bool);
 INST(float)
 INST(double)

@@ -52,8 +52,9 @@ __host__ __device__ constexpr int bwd_min_blocks() {
 
 // One row per group; grid ceil(N G / kThreads). Lanes of groups past the last row take part in
 // the shuffles with zeros.
-template <int VW, int G, int NCH>
-__global__ void __launch_bounds__(kThreads) rmsnorm_fwd_vec(float* __restrict__ out, float* __restrict__ rstd,
+// Out: float, or __nv_bfloat16 (the normalised rows stored in bf16 for bf16 GEMMs; rstd stays fp32).
+template <int VW, int G, int NCH, class Out>
+__global__ void __launch_bounds__(kThreads) rmsnorm_fwd_vec(Out* __restrict__ out, float* __restrict__ rstd,
                                                             const float* __restrict__ x, const float* __restrict__ w,
                                                             int N, int C, float eps) {
   const int gl = threadIdx.x % G;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_fwd_vec(float* __restrict__ 
   const bool ok = rowl < N;
   const size_t row = ok ? size_t(rowl) : 0;
   const float* xr = x + row * C;
-  float* o = out + row * C;
+  Out* o = out + row * C;
   float v[NCH][VW];
   load_row<VW, G, NCH>(v, xr, C, gl, ok);
   float ss = 0.f;
@@ -201,7 +202,8 @@ int bwd_blocks(int N, int C, int G, int threads, long long resident, bool want_d
 // ---- general kernels (rows longer than the vector kernels take) -----------------------------
 
 
-__global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
+template <class Out>
+__global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(Out* __restrict__ out, float* __restrict__ rstd,
                                                                    const float* __restrict__ x,
                                                                    const float* __restrict__ w, int N, int C,
                                                                    float eps) {
@@ -209,13 +211,16 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(float* __rest
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps leave together
   const float* xr = x + size_t(row) * C;
-  float* o = out + size_t(row) * C;
+  Out* o = out + size_t(row) * C;
   float ss = 0.f;
   for (int c = lane; c < C; c += 32) ss += xr[c] * xr[c];
   ss = warp_sum(ss);
   const float r = 1.f / sqrtf(ss / float(C) + eps);
   if (lane == 0) rstd[row] = r;
-  for (int c = lane; c < C; c += 32) o[c] = xr[c] * r * w[c];
+  for (int c = lane; c < C; c += 32) {
+    const float y[1] = {xr[c] * r * w[c]};
+    store(o + c, y);
+  }
 }
 
 // dynamic smem: kWarps * C floats when use_smem, else none (dw atomics per row, huge C only).
@@ -275,8 +280,9 @@ long long resident_bwd_blocks() {
   return v;
 }
 
+template <class Out>
 struct FwdLaunch {
-  float* out;
+  Out* out;
   float* rstd;
   const float *x, *w;
   int N, C;
@@ -284,7 +290,7 @@ struct FwdLaunch {
   template <int VW, int G, int NCH>
   void run() const {
     const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N) * G, kThreads);
-    rmsnorm_fwd_vec<VW, G, NCH><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, eps);
+    rmsnorm_fwd_vec<VW, G, NCH, Out><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, eps);
   }
 };
 struct BwdLaunch {
@@ -304,17 +310,26 @@ struct BwdLaunch {
   }
 };
 
-
-}  // namespace
-
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
+template <class Out>
+void forward_impl(Out* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
   if (N <= 0 || C <= 0) return;
-  const bool vec = C % 4 == 0 && ::lrnn::cuda::aligned(out, 16) && ::lrnn::cuda::aligned(x, 16) && ::lrnn::cuda::aligned(w, 16);
-  if (!::lrnn::cuda::dispatch_rows(plan_row(C, vec ? 4 : 1), FwdLaunch{out, rstd, x, w, N, C, float(eps)})) {
+  const bool vec = C % 4 == 0 && ::lrnn::cuda::aligned(out, 4 * sizeof(Out)) && ::lrnn::cuda::aligned(x, 16) &&
+                   ::lrnn::cuda::aligned(w, 16);
+  if (!::lrnn::cuda::dispatch_rows(plan_row(C, vec ? 4 : 1), FwdLaunch<Out>{out, rstd, x, w, N, C, float(eps)})) {
     const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kWarps);
     rmsnorm_forward_kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(out, rstd, x, w, N, C, float(eps));
   }
   LRNN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
+  forward_impl(out, rstd, x, w, N, C, eps);
+}
+
+void rmsnorm_forward(bf16* out, float* rstd, const float* x, const float* w, int N, int C, double eps) {
+  forward_impl(reinterpret_cast<__nv_bfloat16*>(out), rstd, x, w, N, C, eps);
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,

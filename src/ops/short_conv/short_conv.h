@@ -19,4 +19,11 @@ template <class T>
 void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int B, int T_, int C, int K,
                          int ldx = 0, int ldo = 0, const T* bias = nullptr, T* dbias = nullptr,
                          bool accumulate = true);
+// short_conv_forward, then l2norm_forward(y, rstd, out, B T_, D, eps, Cn / D, ldo, ldn) over the
+// first Cn channels (heads of D) of each token: the delta rule's q|k, whose un-normalised values
+// nothing else reads. The CUDA version does both in one pass and does not write out's first Cn
+// channels; here they hold the conv's output.
+template <class T>
+void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, int B, int T_, int C, int K, int ldx,
+                               int ldo, int Cn, int D, double eps, int ldn = 0);
 }  // namespace lrnn::ops

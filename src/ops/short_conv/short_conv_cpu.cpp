@@ -3,6 +3,7 @@
 #include <vector>
 #include <omp.h>
 #include "ops/common/math.h"
+#include "ops/l2norm/l2norm.h"
 
 namespace lrnn::ops {
 
@@ -118,8 +119,17 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
       for (int c = 0; c < C; ++c) dbias[c] += part_b[size_t(t) * C + c];
 }
 
+template <class T>
+void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, int B, int T_, int C, int K, int ldx,
+                               int ldo, int Cn, int D, double eps, int ldn) {
+  short_conv_forward<T>(out, x, w, B, T_, C, K, ldx, ldo);
+  l2norm_forward<T>(y, rstd, out, B * T_, D, eps, Cn / D, ldo ? ldo : C, ldn);
+}
+
 #define INST(T)                                                                          \
   template void short_conv_forward<T>(T*, const T*, const T*, int, int, int, int, int, int, const T*); \
+  template void short_conv_l2norm_forward<T>(T*, T*, T*, const T*, const T*, int, int, int, int, int, int, int, int, \
+                                             double, int);                                                         \
   template void short_conv_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, int, int, \
                                        const T*, T*, bool);
 INST(float)

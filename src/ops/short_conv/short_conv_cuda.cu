@@ -29,8 +29,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include "core/check.h"
 #include "cuda/rows.cuh"
 #include "cuda/runtime.h"
+#include "ops/l2norm/l2norm_cuda.h"
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -109,29 +111,44 @@ __device__ __forceinline__ void push(float (&win)[K > 0 ? K : 1][VW], const floa
 
 // grid (ceil(C / VW / 32), row blocks), block (32, kFwdRows). Rows are (b, chunk) pairs:
 // row = b * nchunks + chunk, chunk covering steps [chunk L, min((chunk+1) L, T)).
-template <int K, int VW>
+//
+// G > 0: the fused L2 norm (short_conv_l2norm_forward). Channels c < nrm.Cn, in heads of
+// D = G VW (one group of G lanes per head and row: the lanes of a warp share their row and step),
+// are normalised per head, y = o / sqrt(sum o^2 + eps), and go to nrm.y with their rstd; the
+// other channels to out. Lanes past C stay (with zeros) for the groups' shuffles.
+struct NormOut {
+  float* y = nullptr;     // [B T, ldn]
+  float* rstd = nullptr;  // [B T, Cn / D]
+  int Cn = 0, ldn = 0;
+  float eps = 0.f;
+};
+
+template <int K, int VW, int G = 0>
 __global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __restrict__ out,
                                                                     const float* __restrict__ x,
                                                                     const float* __restrict__ w,
                                                                     const float* __restrict__ bias, int B, int T,
-                                                                    int C, int ldx, int ldo, int L, int nchunks) {
+                                                                    int C, int ldx, int ldo, int L, int nchunks,
+                                                                    NormOut nrm = {}) {
   constexpr int KW = K > 0 ? K : 1;
   const int c = (blockIdx.x * kLanes + threadIdx.x) * VW;
-  if (c >= C) return;  // C % VW == 0: a vector is wholly inside or outside
+  const bool live = c < C;  // C % VW == 0: a vector is wholly inside or outside
+  if (G == 0 && !live) return;
+  const bool normed = G > 0 && c < nrm.Cn;  // the same for the G lanes of a head
   float wr[KW][VW], br[VW];
-  load_params<K, VW>(wr, br, w, bias, c);
+  if (live) load_params<K, VW>(wr, br, w, bias, c);
   const int rows = B * nchunks;
   for (int row = blockIdx.y * kFwdRows + threadIdx.y; row < rows; row += gridDim.y * kFwdRows) {
     const int b = row / nchunks;
     const int t0 = (row - b * nchunks) * L, t1 = min(t0 + L, T);
-    const float* xb = x + size_t(b) * T * ldx + c;
+    const float* xb = x + size_t(b) * T * ldx + (live ? c : 0);
     float* ob = out + size_t(b) * T * ldo + c;
     float xw[KW][VW];
-    prime_window<K, VW>(xw, xb, t0, ldx);
+    if (live) prime_window<K, VW>(xw, xb, t0, ldx);
     float xq[kFwdPrefetch][VW];  // x of steps t .. t + kFwdPrefetch - 1 (loaded ahead)
 #pragma unroll
     for (int k = 0; k < kFwdPrefetch; ++k)
-      if (t0 + k < t1) load_ro(xq[k], xb + size_t(t0 + k) * ldx);
+      if (live && t0 + k < t1) load_ro(xq[k], xb + size_t(t0 + k) * ldx);
       else zero(xq[k]);
     for (int t = t0; t < t1; ++t) {
       float xc[VW];
@@ -141,15 +158,34 @@ __global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __
       for (int k = 0; k + 1 < kFwdPrefetch; ++k)
 #pragma unroll
         for (int v = 0; v < VW; ++v) xq[k][v] = xq[k + 1][v];
-      if (t + kFwdPrefetch < t1) load_ro(xq[kFwdPrefetch - 1], xb + size_t(t + kFwdPrefetch) * ldx);
-      push<K, VW>(xw, xc);
+      if (live && t + kFwdPrefetch < t1) load_ro(xq[kFwdPrefetch - 1], xb + size_t(t + kFwdPrefetch) * ldx);
       float o[VW];
+      if (live) {
+        push<K, VW>(xw, xc);
 #pragma unroll
-      for (int v = 0; v < VW; ++v) {
-        const float pre = pre_act<K, VW>(wr, br, xw, v);
-        o[v] = pre * sigmoid(pre);
+        for (int v = 0; v < VW; ++v) {
+          const float pre = pre_act<K, VW>(wr, br, xw, v);
+          o[v] = pre * sigmoid(pre);
+        }
+      } else {
+        zero(o);
       }
-      store(ob + size_t(t) * ldo, o);
+      if constexpr (G > 0) {
+        float ss = 0.f;
+#pragma unroll
+        for (int v = 0; v < VW; ++v) ss += normed ? o[v] * o[v] : 0.f;
+        ss = ::lrnn::cuda::group_sum<G>(ss);
+        if (normed) {
+          const float r = 1.f / sqrtf(ss + nrm.eps);
+#pragma unroll
+          for (int v = 0; v < VW; ++v) o[v] *= r;
+          const size_t tok = size_t(b) * T + t;
+          store(nrm.y + tok * nrm.ldn + c, o);
+          if (threadIdx.x % G == 0) nrm.rstd[tok * (nrm.Cn / (G * VW)) + c / (G * VW)] = r;
+          continue;
+        }
+      }
+      if (live) store(ob + size_t(t) * ldo, o);
     }
   }
 }
@@ -542,6 +578,44 @@ void short_conv_forward(float* out, const float* x, const float* w, int B, int T
   if (vw == 4) launch_fwd<4>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
   else if (vw == 2) launch_fwd<2>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
   else launch_fwd<1>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void short_conv_l2norm_forward(float* out, float* y, float* rstd, const float* x, const float* w, int B, int T_,
+                               int C, int K, int ldx, int ldo, int Cn, int D, double eps, int ldn) {
+  if (!ldx) ldx = C;
+  if (!ldo) ldo = C;
+  if (!ldn) ldn = Cn;
+  if (B <= 0 || T_ <= 0 || C <= 0) return;
+  LRNN_CHECK(D > 0 && Cn >= 0 && Cn <= C && Cn % D == 0, "short_conv_l2norm_forward: Cn {} in heads of {} of C {}",
+             Cn, D, C);
+  const int vw = vector_width(C, ldx, ldo, {x, out});
+  const bool fused = K <= kMaxWinK && vw == 4 && (D == 16 || D == 32 || D == 64) && ldn % 4 == 0 &&
+                     ::lrnn::cuda::aligned(y, 16);
+  if (!fused) {  // the two ops one after the other
+    short_conv_forward(out, x, w, B, T_, C, K, ldx, ldo);
+    l2norm_forward(y, rstd, out, B * T_, D, eps, Cn / D, ldo, ldn);
+    return;
+  }
+  const WinPlan p = plan_window(B, T_, C, K, vw, kFwdRows, 2048LL * ::lrnn::cuda::num_sms(), false);
+  const dim3 grid(p.ctiles, p.rblocks), block(kLanes, kFwdRows);
+  const NormOut nrm{y, rstd, Cn, ldn, float(eps)};
+  cudaStream_t s = ::lrnn::cuda::stream();
+#define LRNN_CONV_NRM(KK, GG) \
+  conv_fwd_kernel<KK, 4, GG><<<grid, block, 0, s>>>(out, x, w, nullptr, B, T_, C, ldx, ldo, p.L, p.nchunks, nrm)
+#define LRNN_CONV_NRM_K(GG)            \
+  switch (K) {                         \
+    case 0: LRNN_CONV_NRM(0, GG); break; \
+    case 1: LRNN_CONV_NRM(1, GG); break; \
+    case 2: LRNN_CONV_NRM(2, GG); break; \
+    case 3: LRNN_CONV_NRM(3, GG); break; \
+    default: LRNN_CONV_NRM(4, GG); break; \
+  }
+  if (D == 16) LRNN_CONV_NRM_K(4)
+  else if (D == 32) LRNN_CONV_NRM_K(8)
+  else LRNN_CONV_NRM_K(16)
+#undef LRNN_CONV_NRM_K
+#undef LRNN_CONV_NRM
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
