@@ -18,6 +18,7 @@
 // one GEMM into one row per token that the ops read in place through token strides; the three
 // short convs are one depthwise conv over the q|k|v part likewise.
 #pragma once
+#include "core/dtype.h"  // bf16 storage (the CUDA backend's mixed precision)
 #include "models/backend.h"
 #include "models/model.h"
 #include "ops/delta_rule/delta_rule.h"
