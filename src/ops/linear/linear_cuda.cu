@@ -68,7 +68,6 @@ struct LtPlan {
   bool algo_ok = false;
 };
 
-void lt_check(cublasStatus_t s, const char* what) { check(s, what); }
 
 const LtPlan& lt_plan(int N, int IC, int OC, cudaDataType_t ab, cublasComputeType_t ct, int align) {
   using Key = std::tuple<int, int, int, int, int, int>;
@@ -79,22 +78,22 @@ const LtPlan& lt_plan(int N, int IC, int OC, cudaDataType_t ab, cublasComputeTyp
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   LtPlan p;
   // Column-major: D (OC x N) = op_T(A = W: IC x OC) * (B = inp: IC x N) + C (OC x N).
-  lt_check(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "LtMatmulDescCreate");
+  check(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "LtMatmulDescCreate");
   const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-  lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA), "LtDescSetAttribute");
-  lt_check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB), "LtDescSetAttribute");
-  lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, IC, OC, IC), "LtMatrixLayoutCreate");
-  lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, IC, N, IC), "LtMatrixLayoutCreate");
-  lt_check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, OC), "LtMatrixLayoutCreate");
+  check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA), "LtDescSetAttribute");
+  check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB), "LtDescSetAttribute");
+  check(cublasLtMatrixLayoutCreate(&p.a, ab, IC, OC, IC), "LtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&p.b, ab, IC, N, IC), "LtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, OC), "LtMatrixLayoutCreate");
   cublasLtMatmulPreference_t pref = nullptr;
-  lt_check(cublasLtMatmulPreferenceCreate(&pref), "LtMatmulPreferenceCreate");
+  check(cublasLtMatmulPreferenceCreate(&pref), "LtMatmulPreferenceCreate");
   const size_t ws = lrnn::cuda::kLtWorkspace;
   const uint32_t al = uint32_t(align);
-  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
            "LtPreferenceSetAttribute");
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al), "LtPreferenceSetAttribute");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al), "LtPreferenceSetAttribute");
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
