@@ -37,6 +37,7 @@ struct Opts {
   double bl_lo = 0, bl_hi = 0;        // beta logits uniform in [bl_lo, bl_hi]; both 0: N(0,1)
   bool l2_keys = true;                // L2-normalised keys (else N(0, 1/Dk))
   bool fused = false;                 // q|k|v|beta in one buffer per token, with padding
+  int pad = 5;                        // fused: floats of padding per token
   double tol = 1e-4;
   uint64_t seed = 1;
 };
@@ -70,7 +71,7 @@ struct Problem {
     const size_t Q = size_t(d.H) * d.Dk, K = size_t(d.n_h) * d.H * d.Dk, V = size_t(d.n_h) * d.H * d.Dv,
                  Bt = size_t(d.n_h) * d.H;
     if (o.fused) {
-      const int width = int(Q + K + V + Bt) + 5;  // 5 floats of padding per token
+      const int width = int(Q + K + V + Bt) + o.pad;
       d.ldq = d.ldk = d.ldv = d.ldb = width;
       off_q = 0, off_k = Q, off_v = Q + K, off_b = Q + K + V;
       x = randn(N * width, o.seed, 1.0, 1);
@@ -226,6 +227,8 @@ TEST(DeltaRuleCuda, DeltaNetUnit32) {
   Opts o;
   o.fused = true;  // the P1 model's step: 4 heads, T = 40, read from a fused projection row
   check(dims(64, 40, 4, 32, 32, 1, EigenRange::Signed), o);
+  o.pad = 4;  // rows of 392 floats: the lane kernels stage them as 16-byte copies, as in the model
+  check(dims(64, 40, 4, 32, 32, 1, EigenRange::Signed), o);
 }
 
 TEST(DeltaRuleCuda, SignedSaturatedBeta) {
@@ -278,6 +281,12 @@ TEST(DeltaRuleCuda, TokenStrides) {
   check(dims(2, 33, 2, 32, 32, 1, EigenRange::Signed), o);
   o.gate = true;
   check(dims(2, 33, 2, 16, 24, 2, EigenRange::Unit), o);
+  // Token strides of whole float4s (16-byte staging: 240 and 200 floats), Dk and Dv below the
+  // padded sizes.
+  o.pad = 6;
+  check(dims(3, 37, 3, 12, 20, 2, EigenRange::Signed), o);
+  o.gate = false, o.pad = 5;
+  check(dims(3, 37, 3, 28, 8, 1, EigenRange::Unit), o);
 }
 
 TEST(DeltaRuleCuda, LongSequenceSigned) {

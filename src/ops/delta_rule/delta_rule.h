@@ -15,8 +15,8 @@
 // The state is kept in T (fp32 or fp64), never lower.
 // Backward accumulates into dq, dk, dv, dbeta_logit and dg (dg only when g != null). It
 // recomputes the states chunk by chunk (C = kDeltaChunk tokens) from the state at each chunk
-// start, so memory is O((T/C + C·n_h)·Dk·Dv) per (b,h) whatever T is. The chunk-start states
-// come from the forward when it was given a `ckpt` buffer (training), else they are recomputed.
+// start (or end), so memory is O(T/C·Dk·Dv + T·n_h·Dv) per (b,h). The checkpoints come from the
+// forward when it was given a `ckpt` buffer (training), else they are recomputed.
 #pragma once
 #include "ops/common/math.h"
 
@@ -38,15 +38,22 @@ struct DeltaRuleDims {
 };
 
 constexpr int kDeltaChunk = 16;
-// Elements of the chunk-start state buffer: [B*H][ceil(T/C)][Dk*Dv].
+// The checkpoint buffer a training forward fills for the backward (delta_rule_ckpt_size elements):
+//   states [B*H][ceil(T/C) + 1][Dk*Dv]  the state before each chunk's first token, then the state
+//                                       after the last token
+//   u      [B*H][T][n_h][Dv]            u = v - S^T k of every sub-step, from element
+//                                       delta_rule_ckpt_u_offset(d) on
+// The backward may use any of it (the CUDA lane kernels walk back from the end states with the
+// stored u; the others recompute inside each chunk from its start state).
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d);
+size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d);
 
-// ckpt (optional): receives the states at chunk starts for the backward.
+// ckpt (optional): receives the checkpoints above.
 template <class T>
 void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                         const DeltaRuleDims& d, T* ckpt = nullptr);
 
-// ckpt (optional): the forward's chunk-start states for the same inputs.
+// ckpt (optional): the forward's checkpoints for the same inputs.
 // accumulate = false: the gradients are written, not added to (their previous content, even
 // NaN, is ignored) — what a caller wants that would otherwise zero them first.
 template <class T>

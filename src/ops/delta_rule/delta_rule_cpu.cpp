@@ -76,23 +76,28 @@ template <class T>
   }
 }
 
-// Advances S through token t (gate, then the n_h sub-steps).
+// Advances S through token t (gate, then the n_h sub-steps). u: Dv scratch, or n_h*Dv that
+// receives the u of every sub-step (ustride = Dv).
 template <class T>
-[[gnu::always_inline]] inline void token_step(T* S, T* u, const Seq<T>& s, int t, T bscale, int Dk, int Dv, int nh) {
+[[gnu::always_inline]] inline void token_step(T* S, T* u, const Seq<T>& s, int t, T bscale, int Dk, int Dv, int nh,
+                                              int ustride = 0) {
   if (s.g) {
     const T a = std::exp(s.gt(t));
     for (int i = 0; i < Dk * Dv; ++i) S[i] *= a;
   }
   for (int j = 0; j < nh; ++j)
-    householder_step(S, u, s.kt(t, j), s.vt(t, j), beta_of(s.blt(t, j), bscale), Dk, Dv);
+    householder_step(S, u + size_t(j) * ustride, s.kt(t, j), s.vt(t, j), beta_of(s.blt(t, j), bscale), Dk, Dv);
 }
 
 constexpr int kChunk = kDeltaChunk;
 
 }  // namespace
 
+size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d) {
+  return size_t(d.B) * d.H * ((d.T + kChunk - 1) / kChunk + 1) * d.Dk * d.Dv;
+}
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d) {
-  return size_t(d.B) * d.H * ((d.T + kChunk - 1) / kChunk) * d.Dk * d.Dv;
+  return delta_rule_ckpt_u_offset(d) + size_t(d.B) * d.H * d.T * d.n_h * d.Dv;
 }
 
 // DK, DV > 0: head dims known at compile time (the loops unroll and vectorise fully); 0: any.
@@ -112,12 +117,15 @@ static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta
       Seq<T> s(d, Offsets(d, b, h), q, k, v, beta_logit, g);
       std::fill_n(S, size_t(Dk) * Dv, T(0));
       const int nchunks = (Tn + kChunk - 1) / kChunk;
+      T* states = ckpt ? ckpt + size_t(bh) * (nchunks + 1) * Dk * Dv : nullptr;
+      T* us = ckpt ? ckpt + delta_rule_ckpt_u_offset(d) + size_t(bh) * Tn * nh * Dv : nullptr;
       for (int t = 0; t < Tn; ++t) {
-        if (ckpt && t % kChunk == 0)
-          std::copy_n(S, size_t(Dk) * Dv, ckpt + (size_t(bh) * nchunks + t / kChunk) * Dk * Dv);
-        token_step(S, u, s, t, bscale, Dk, Dv, nh);
+        if (states && t % kChunk == 0) std::copy_n(S, size_t(Dk) * Dv, states + size_t(t / kChunk) * Dk * Dv);
+        if (us) token_step(S, us + size_t(t) * nh * Dv, s, t, bscale, Dk, Dv, nh, Dv);
+        else token_step(S, u, s, t, bscale, Dk, Dv, nh);
         read_out(o + ((size_t(b) * Tn + t) * H + h) * Dv, S, s.qt(t), scale, Dk, Dv);
       }
+      if (states) std::copy_n(S, size_t(Dk) * Dv, states + size_t(nchunks) * Dk * Dv);
     }
   }
 }
@@ -147,7 +155,7 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
       Seq<T> s(d, off, q, k, v, beta_logit, g);
       // Pass 1: states at chunk starts (from the forward when it saved them).
       if (saved) {
-        std::copy_n(saved + size_t(bh) * nchunks * SS, size_t(nchunks) * SS, ckpt);
+        std::copy_n(saved + size_t(bh) * (nchunks + 1) * SS, size_t(nchunks) * SS, ckpt);
       } else {
         std::fill_n(ckpt, SS, T(0));
         for (int c = 0; c + 1 < nchunks; ++c) {

@@ -46,6 +46,7 @@
 #include "ops/delta_rule/delta_rule_cuda.h"
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -84,13 +85,15 @@ struct Layout {
 
 struct Args {
   const float *q, *k, *v, *bl, *g, *dout;
-  const float* ckpt_in;                  // backward: chunk-start states
+  const float* ckpt_in;                  // backward: the forward's checkpoints (delta_rule.h)
   float *o, *ckpt_out;                   // forward (either may be null)
+  size_t u_off;                          // where the checkpoints' u part starts
   float *dq, *dk, *dv, *dbl, *dg;        // backward (dg null without a gate)
   long long lq, lk, lv, lb;              // token strides
   int T, H, Dk, Dv, nh, nchunks;
   int nseq;                              // B*H
   bool accumulate;                       // backward: add to the gradients (else overwrite: lane kernels)
+  bool vec;                              // lane kernels: rows can be staged as 16-byte copies
   int cols;                              // state columns per block (= warps * CPW)
   int nbuf;                              // staging buffers: 2 (double-buffered) or 1
   float bscale, scale;
@@ -267,8 +270,23 @@ __device__ __forceinline__ void householder(float (&S)[Layout<DKP>::NR][Layout<D
   }
 }
 
+// Writes the thread's slice of the state as checkpoint `c` of sequence bh (c = nchunks: the end).
+template <int DKP>
+__device__ __forceinline__ void save_state(const Args& a, int bh, int c, const float (&S)[Layout<DKP>::NR][Layout<DKP>::NC],
+                                           int rg, int col0) {
+  using Lay = Layout<DKP>;
+  float* ck = a.ckpt_out + (size_t(bh) * (a.nchunks + 1) + c) * a.Dk * a.Dv;
+#pragma unroll
+  for (int i = 0; i < Lay::NR; ++i) {
+    const int row = rg + Lay::RG * i;
+#pragma unroll
+    for (int n = 0; n < Lay::NC; ++n)
+      if (row < a.Dk && col0 + n < a.Dv) ck[size_t(row) * a.Dv + col0 + n] = S[i][n];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
-// Forward: o (if non-null) and the chunk-start states (if ckpt_out is non-null).
+// Forward: o (if non-null) and the checkpoints (if ckpt_out is non-null).
 template <int DKP>
 __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_fwd_kernel(Args a) {
   using Lay = Layout<DKP>;
@@ -291,18 +309,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
     const float* buf = next_stage<DKP>(sm, L, a, s, ci, c0, [](int i) { return i; });
     const int t0 = ci * kC, nt = min(kC, a.T - t0);
     fill_coef(coef, buf, L, a, nt);
-    if (a.ckpt_out) {  // the state at the chunk start, before token t0
-      float* ck = a.ckpt_out + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        const int row = rg + RG * i;
-#pragma unroll
-        for (int n = 0; n < NC; ++n) {
-          const int col = c0 + cl0 + n;
-          if (row < a.Dk && col < a.Dv) ck[size_t(row) * a.Dv + col] = S[i][n];
-        }
-      }
-    }
+    if (a.ckpt_out) save_state<DKP>(a, bh, ci, S, rg, c0 + cl0);  // the state before token t0
     for (int tt = 0; tt < nt; ++tt) {
       if (a.g) {
         const float at = coef[2 * kC * nh + tt];
@@ -315,6 +322,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
         const int tj = tt * nh + j;
         float u[NC];
         householder<DKP>(S, u, buf + L.k + tj * DKP, buf + L.v + tj * cols + cl0, coef[tj], rg);
+        if (a.ckpt_out && rg == 0) {
+          float* up = a.ckpt_out + a.u_off + ((size_t(bh) * a.T + t0 + tt) * nh + j) * a.Dv;
+#pragma unroll
+          for (int n = 0; n < NC; ++n)
+            if (c0 + cl0 + n < a.Dv) up[c0 + cl0 + n] = u[n];
+        }
       }
       if (a.o) {
         const float* qq = buf + L.q + tt * DKP;
@@ -338,6 +351,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
     }
     __syncthreads();  // the staging buffer and coef are reused
   }
+  if (a.ckpt_out) save_state<DKP>(a, bh, a.nchunks, S, rg, c0 + cl0);  // the state after the last token
 }
 
 // Global accumulation: plain when this block is the only one adding to the element.
@@ -388,7 +402,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
     const int ci = last - it;
     // Chunk-start state (loaded first: the loads are in flight while the chunk's inputs land).
     {
-      const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv;
+      const float* ck = a.ckpt_in + (size_t(bh) * (a.nchunks + 1) + ci) * a.Dk * a.Dv;
 #pragma unroll
       for (int i = 0; i < NR; ++i) {
         const int row = rg + RG * i;
@@ -617,9 +631,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
 constexpr int kLaneWarps = 4;  // warps (= sequences) per block
 
 struct LaneSmem {
-  int k, q, v, b, g, dout, u, st, total;  // offsets in floats inside one warp's region
+  int k, q, v, b, g, dout, st, total;  // offsets in floats inside one warp's region
 };
 
+// v holds the chunk's v rows in the forward and its stored u rows in the backward.
 __host__ __device__ inline LaneSmem lane_smem(int DK, int nh, bool bwd, bool gate) {
   LaneSmem s{};
   int o = 0;
@@ -629,35 +644,71 @@ __host__ __device__ inline LaneSmem lane_smem(int DK, int nh, bool bwd, bool gat
   s.b = o; o += kC * nh;
   s.g = o; o += kC;
   s.dout = o; o += bwd ? kC * 32 : 0;
-  s.u = o; o += bwd ? kC * nh * 32 : 0;
   s.st = o; o += (bwd && gate) ? (kC / kG) * DK * 32 : 0;
   s.total = (o + 3) / 4 * 4;
   return s;
 }
 
+// Copies `rows` rows of n floats (row r: token r / nh, sub-step r % nh, at src + token * ld +
+// sub-step * js) into shared-memory rows of W floats, zero-filling columns [n, W), 16 bytes per
+// copy: the warp's 32 lanes take consecutive float4s of the chunk. Needs n, ld, js and the
+// addresses 16-byte aligned (Args::vec).
+template <int W>
+__device__ __forceinline__ void stage_rows4(float* dst, const float* src, int rows, int nh, int ld, int js, int n,
+                                            int lane) {
+  constexpr int P = W / 4;  // float4s per shared-memory row
+  for (int x = lane; x < rows * P; x += 32) {
+    const int r = x / P, c = (x % P) * 4;
+    float* d = dst + r * W + c;
+    if (c < n) {
+      const int t = nh == 1 ? r : r / nh, j = r - t * nh;
+      __pipeline_memcpy_async(d, src + t * ld + j * js + c, 16);
+    } else {
+      *reinterpret_cast<float4*>(d) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// Where the lane kernels' v rows come from: the input v (forward) or the checkpoints' u
+// (backward), sub-step j of token t at p + t * ld + j * js.
+struct Rows {
+  const float* p;
+  int ld, js;
+};
+
 // Stages chunk [t0, t0 + nt) of the warp's sequence; beta logits become beta, g becomes exp(g).
-template <int DK>
-__device__ void lane_stage(float* w, const LaneSmem& L, const Args& a, const Seq& s, int t0, int nt, int lane) {
-  const int nh = a.nh, H = a.H;
+// Rows go as 16-byte copies spread over the warp where Args::vec allows, else one float per
+// lane and row (a lane per column).
+template <int DK, int NH>
+__device__ void lane_stage(float* w, const LaneSmem& L, const Args& a, const Seq& s, Rows vr, int t0, int nt,
+                           int lane) {
+  const int nh = NH ? NH : a.nh, H = a.H;
   __syncwarp();  // every lane is done with the previous chunk
-  for (int tt = 0; tt < nt; ++tt) {
-    const int t = t0 + tt;
-    if (lane < DK) {
-      if (lane < a.Dk) cp4(w + L.q + tt * DK + lane, s.q + size_t(t) * a.lq + lane);
-      else w[L.q + tt * DK + lane] = 0.f;
-    }
-    for (int j = 0; j < nh; ++j) {
-      const int r = tt * nh + j;
+  if (a.vec) {
+    stage_rows4<DK>(w + L.q, s.q + size_t(t0) * a.lq, nt, 1, int(a.lq), 0, a.Dk, lane);
+    stage_rows4<DK>(w + L.k, s.k + size_t(t0) * a.lk, nt * nh, nh, int(a.lk), H * a.Dk, a.Dk, lane);
+    stage_rows4<32>(w + L.v, vr.p + size_t(t0) * vr.ld, nt * nh, nh, vr.ld, vr.js, a.Dv, lane);
+    if (s.dout) stage_rows4<32>(w + L.dout, s.dout + size_t(t0) * H * a.Dv, nt, 1, H * a.Dv, 0, a.Dv, lane);
+  } else {
+    for (int tt = 0; tt < nt; ++tt) {
+      const int t = t0 + tt;
       if (lane < DK) {
-        if (lane < a.Dk) cp4(w + L.k + r * DK + lane, s.k + size_t(t) * a.lk + size_t(j) * H * a.Dk + lane);
-        else w[L.k + r * DK + lane] = 0.f;
+        if (lane < a.Dk) cp4(w + L.q + tt * DK + lane, s.q + size_t(t) * a.lq + lane);
+        else w[L.q + tt * DK + lane] = 0.f;
       }
-      if (lane < a.Dv) cp4(w + L.v + r * 32 + lane, s.v + size_t(t) * a.lv + size_t(j) * H * a.Dv + lane);
-      else w[L.v + r * 32 + lane] = 0.f;
-    }
-    if (s.dout) {
-      if (lane < a.Dv) cp4(w + L.dout + tt * 32 + lane, s.dout + size_t(t) * H * a.Dv + lane);
-      else w[L.dout + tt * 32 + lane] = 0.f;
+      for (int j = 0; j < nh; ++j) {
+        const int r = tt * nh + j;
+        if (lane < DK) {
+          if (lane < a.Dk) cp4(w + L.k + r * DK + lane, s.k + size_t(t) * a.lk + size_t(j) * H * a.Dk + lane);
+          else w[L.k + r * DK + lane] = 0.f;
+        }
+        if (lane < a.Dv) cp4(w + L.v + r * 32 + lane, vr.p + size_t(t) * vr.ld + size_t(j) * vr.js + lane);
+        else w[L.v + r * 32 + lane] = 0.f;
+      }
+      if (s.dout) {
+        if (lane < a.Dv) cp4(w + L.dout + tt * 32 + lane, s.dout + size_t(t) * H * a.Dv + lane);
+        else w[L.dout + tt * 32 + lane] = 0.f;
+      }
     }
   }
   for (int x = lane; x < nt * nh; x += 32) cp4(w + L.b + x, s.bl + size_t(t0 + x / nh) * a.lb + size_t(x % nh) * H);
@@ -675,12 +726,14 @@ __device__ void lane_stage(float* w, const LaneSmem& L, const Args& a, const Seq
 // Shared memory serves a warp 32 floats per cycle, broadcasts included (a float4 load takes four
 // cycles), and reading the key row is what bounds these kernels: each row is loaded into
 // registers once per sub-step and used from there for every product with it.
+// m permutes the row's float4s: register 4i + b holds element 4 (i ^ m) + b. The backward keeps
+// its states in that order (see transpose_sum); m = 0 is the plain order.
 template <int DK>
-__device__ __forceinline__ void lane_row(float (&r)[DK], const float* x) {
+__device__ __forceinline__ void lane_row(float (&r)[DK], const float* x, int m = 0) {
   const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll
   for (int i = 0; i < DK / 4; ++i) {
-    const float4 v = x4[i];
+    const float4 v = x4[i ^ m];
     r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
   }
 }
@@ -697,17 +750,17 @@ __device__ __forceinline__ void reg_axpy(float (&S)[DK], const float (&r)[DK], f
   for (int i = 0; i < DK; ++i) S[i] = fmaf(r[i], c, S[i]);
 }
 
-// The same with x a DK-row of shared memory (read as float4 broadcasts).
+// The same with x a DK-row of shared memory (read as float4 broadcasts, permuted by m).
 template <int DK>
-__device__ __forceinline__ float lane_dot(const float (&S)[DK], const float* x) {
+__device__ __forceinline__ float lane_dot(const float (&S)[DK], const float* x, int m = 0) {
   float r[DK];
-  lane_row<DK>(r, x);
+  lane_row<DK>(r, x, m);
   return reg_dot<DK>(S, r);
 }
 template <int DK>
-__device__ __forceinline__ void lane_axpy(float (&S)[DK], const float* x, float c) {
+__device__ __forceinline__ void lane_axpy(float (&S)[DK], const float* x, float c, int m = 0) {
   float r[DK];
-  lane_row<DK>(r, x);
+  lane_row<DK>(r, x, m);
   reg_axpy<DK>(S, r, c);
 }
 
@@ -734,11 +787,40 @@ __device__ __forceinline__ void tsum(float (&x)[N], int lane) {
     }
   }
 }
+
+// The backward's column sums without the selects. tsum spends two selects per shuffle choosing
+// which half a lane keeps; if instead lane l stores element e of its vector at register
+// e ^ 4 perm(l), where perm(l) holds the lane bits that the levels on whole float4s test (bits
+// 4..2 of l at DK = 32, bits 4..3 at DK = 16: perm < DK/4), then at those levels every lane keeps
+// its registers [0, M/2) and sends [M/2, M), and the partner's register holds the same element.
+// The states S and dS are kept in that order (lane_row with m = perm(l) reads k and q rows the
+// same way), so the sums need no reordering; the last levels, inside a float4, are tsum's.
 template <int DK>
-__device__ __forceinline__ float transpose_sum(float (&x)[DK], int lane) {
+__device__ __forceinline__ int lane_perm(int lane) {
+  return lane >> (DK == 32 ? 2 : 3);
+}
+template <int M, int O, int N>
+__device__ __forceinline__ void tsum_perm(float (&x)[N], int lane) {
+  if constexpr (M > 4) {
+    constexpr int Hm = M / 2;
+#pragma unroll
+    for (int e = 0; e < Hm; ++e) x[e] += __shfl_xor_sync(kFull, x[e + Hm], O);
+    tsum_perm<Hm, O / 2>(x, lane);
+  } else {
+    tsum<M, O>(x, lane);
+  }
+}
+// Sums x_i = xi(i) (i in the permuted order) over the warp's lanes; lane l gets row
+// l >> (5 - log2 DK). The first level computes the elements as it sends them (half the registers).
+template <int DK, class F>
+__device__ __forceinline__ float transpose_sum(F&& xi, int lane) {
   static_assert(DK == 16 || DK == 32, "lane kernels: DK is 16 or 32");
-  tsum<DK, 16>(x, lane);
-  return x[0];
+  constexpr int Hm = DK / 2;
+  float y[Hm];
+#pragma unroll
+  for (int e = 0; e < Hm; ++e) y[e] = xi(e) + __shfl_xor_sync(kFull, xi(e + Hm), 16);
+  tsum_perm<Hm, 8>(y, lane);
+  return y[0];
 }
 using ::lrnn::cuda::warp_sum;
 
@@ -750,29 +832,41 @@ __device__ __forceinline__ void put(float* p, float x, bool accumulate) {
   else *p = x;
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_fwd_kernel(Args a) {
+// NH: sub-steps per token known at compile time (1: DeltaNet), or 0 (a.nh). At most 128
+// registers: 16 warps per SM (unbounded, NH = 1 takes 145 at DK = 32: 12 warps).
+template <int DK, int NH>
+__global__ void __launch_bounds__(kLaneWarps * 32, 4) delta_lane_fwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x * kLaneWarps + warp;
   if (bh >= a.nseq) return;  // whole warps leave; nothing below synchronises the block
-  const int b = bh / a.H, h = bh % a.H, nh = a.nh;
+  const int b = bh / a.H, h = bh % a.H, nh = NH ? NH : a.nh;
   const LaneSmem L = lane_smem(DK, nh, false, a.g != nullptr);
   float* w = reinterpret_cast<float*>(sm4) + warp * L.total;
   const Seq s(a, b, h);
   const bool col = lane < a.Dv;
+  const size_t ostride = size_t(a.H) * a.Dv;  // o: one row per token
+  float* ob = a.o && col ? a.o + (size_t(b) * a.T * a.H + h) * a.Dv + lane : nullptr;
+  // Checkpoints (training): the lane's column of each chunk-start state and of the end state,
+  // and the u of every sub-step.
+  float* ckb = a.ckpt_out && col ? a.ckpt_out + size_t(bh) * (a.nchunks + 1) * a.Dk * a.Dv + lane : nullptr;
+  float* ub = ckb ? a.ckpt_out + a.u_off + size_t(bh) * a.T * nh * a.Dv + lane : nullptr;
   float S[DK];
 #pragma unroll
   for (int i = 0; i < DK; ++i) S[i] = 0.f;
+  auto save = [&](int c) {
+    float* ck = ckb + size_t(c) * a.Dk * a.Dv;
+#pragma unroll
+    for (int i = 0; i < DK; ++i)
+      if (i < a.Dk) ck[size_t(i) * a.Dv] = S[i];
+  };
+  const Rows vr{s.v, int(a.lv), a.H * a.Dv};
   for (int ci = 0; ci < a.nchunks; ++ci) {
     const int t0 = ci * kC, nt = min(kC, a.T - t0);
-    lane_stage<DK>(w, L, a, s, t0, nt, lane);
-    if (a.ckpt_out && col) {
-      float* ck = a.ckpt_out + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv + lane;
-#pragma unroll
-      for (int i = 0; i < DK; ++i)
-        if (i < a.Dk) ck[size_t(i) * a.Dv] = S[i];
-    }
+    lane_stage<DK, NH>(w, L, a, s, vr, t0, nt, lane);
+    if (ckb) save(ci);
+    float* op = ob ? ob + size_t(t0) * ostride : nullptr;
+    float* up = ub ? ub + size_t(t0) * nh * a.Dv : nullptr;
     for (int tt = 0; tt < nt; ++tt) {
       if (a.g) {
         const float at = w[L.g + tt];
@@ -785,48 +879,68 @@ __global__ void __launch_bounds__(kLaneWarps * 32) delta_lane_fwd_kernel(Args a)
         lane_row<DK>(kr, w + L.k + r * DK);
         const float u = w[L.v + r * 32 + lane] - reg_dot<DK>(S, kr);
         reg_axpy<DK>(S, kr, w[L.b + r] * u);
+        if (up) {
+          *up = u;
+          up += a.Dv;
+        }
       }
-      if (a.o && col) a.o[((size_t(b) * a.T + t0 + tt) * a.H + h) * a.Dv + lane] = a.scale * lane_dot<DK>(S, w + L.q + tt * DK);
+      if (op) {
+        *op = a.scale * lane_dot<DK>(S, w + L.q + tt * DK);
+        op += ostride;
+      }
     }
   }
+  if (ckb) save(a.nchunks);
 }
 
-template <int DK, int MinBlocks>
+template <int DK, int NH, int MinBlocks>
 __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x * kLaneWarps + warp;
   if (bh >= a.nseq) return;
-  const int b = bh / a.H, h = bh % a.H, nh = a.nh, H = a.H;
+  const int b = bh / a.H, h = bh % a.H, nh = NH ? NH : a.nh, H = a.H;
   const bool gate = a.g != nullptr, col = lane < a.Dv, acc = a.accumulate;
   const LaneSmem L = lane_smem(DK, nh, true, gate);
   float* w = reinterpret_cast<float*>(sm4) + warp * L.total;
   const Seq s(a, b, h);
+  // S and dS hold row e of the lane's column at register e ^ 4m (see transpose_sum).
+  const int m = lane_perm<DK>(lane);
   // Rows of the transposed sums: lane l holds row e = l >> (5 - log2 DK); one lane per row writes.
   constexpr int kShift = DK == 32 ? 0 : 1;
   const int e = lane >> kShift;
   const bool writer = (lane & ((1 << kShift) - 1)) == 0 && e < a.Dk;
   const size_t tok = size_t(b) * a.T;
-  float* dqb = a.dq + tok * a.lq + size_t(h) * a.Dk;
-  float* dkb = a.dk + tok * a.lk + size_t(h) * a.Dk;
-  float* dvb = a.dv + tok * a.lv + size_t(h) * a.Dv;
+  float* dqb = a.dq + tok * a.lq + size_t(h) * a.Dk + e;
+  float* dkb = a.dk + tok * a.lk + size_t(h) * a.Dk + e;
+  float* dvb = a.dv + tok * a.lv + size_t(h) * a.Dv + lane;
   float* dbb = a.dbl + tok * a.lb + h;
   float* dgb = gate ? a.dg + tok * H + h : nullptr;
+  const size_t jk = size_t(H) * a.Dk, jv = size_t(H) * a.Dv;  // sub-step strides of dk, dv
 
-  float S[DK], dS[DK], x[DK];
+  float S[DK], dS[DK];
 #pragma unroll
   for (int i = 0; i < DK; ++i) dS[i] = 0.f;
+  // The forward's checkpoints: state c of the sequence (the lane's column, rows permuted), and
+  // the stored u, staged in place of v.
+  const float* ckb = a.ckpt_in + size_t(bh) * (a.nchunks + 1) * a.Dk * a.Dv + lane;
+  auto load_state = [&](int c) {
+    const float* ck = ckb + size_t(c) * a.Dk * a.Dv;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+      const int row = i ^ (4 * m);
+      S[i] = (col && row < a.Dk) ? ck[size_t(row) * a.Dv] : 0.f;
+    }
+  };
+  const Rows ur{a.ckpt_in + a.u_off + size_t(bh) * a.T * nh * a.Dv, nh * a.Dv, a.Dv};
   for (int ci = a.nchunks - 1; ci >= 0; --ci) {
     const int t0 = ci * kC, nt = min(kC, a.T - t0);
-    lane_stage<DK>(w, L, a, s, t0, nt, lane);
-    {
-      const float* ck = a.ckpt_in + (size_t(bh) * a.nchunks + ci) * a.Dk * a.Dv + lane;
-#pragma unroll
-      for (int i = 0; i < DK; ++i) S[i] = (col && i < a.Dk) ? ck[size_t(i) * a.Dv] : 0.f;
-    }
-    // Pass A: forward through the chunk; u of every sub-step, dq, kept states (gate).
-    for (int tt = 0; tt < nt; ++tt) {
-      if (gate) {
+    lane_stage<DK, NH>(w, L, a, s, ur, t0, nt, lane);
+    if (gate) {
+      // Forward through the chunk from its start state with the stored u, keeping the state
+      // before every kG-th token.
+      load_state(ci);
+      for (int tt = 0; tt < nt; ++tt) {
         if (tt % kG == 0) {
           float* sp = w + L.st + (tt / kG) * DK * 32 + lane;
 #pragma unroll
@@ -835,20 +949,13 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
         const float at = w[L.g + tt];
 #pragma unroll
         for (int i = 0; i < DK; ++i) S[i] *= at;
+        for (int j = 0; j < nh; ++j) {
+          const int r = tt * nh + j;
+          lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.v + r * 32 + lane], m);
+        }
       }
-      for (int j = 0; j < nh; ++j) {
-        const int r = tt * nh + j;
-        float kr[DK];
-        lane_row<DK>(kr, w + L.k + r * DK);
-        const float u = w[L.v + r * 32 + lane] - reg_dot<DK>(S, kr);
-        w[L.u + r * 32 + lane] = u;
-        reg_axpy<DK>(S, kr, w[L.b + r] * u);
-      }
-      const float dot = w[L.dout + tt * 32 + lane];  // 0 in lanes >= Dv
-#pragma unroll
-      for (int i = 0; i < DK; ++i) x[i] = S[i] * dot;
-      const float dq = transpose_sum<DK>(x, lane);
-      if (writer) put(dqb + size_t(t0 + tt) * a.lq + e, a.scale * dq, acc);
+    } else {
+      load_state(ci + 1);  // the state after the chunk's last token
     }
     // Reverse through the chunk. S = the state after token t0 + nt - 1.
     for (int tt = nt - 1; tt >= 0; --tt) {
@@ -865,29 +972,28 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
           for (int i = 0; i < DK; ++i) S[i] *= ay;
           for (int j = 0; j < nh; ++j) {
             const int r = y * nh + j;
-            lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.u + r * 32 + lane]);
+            lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.v + r * 32 + lane], m);
           }
         }
       }
-      // o_t = scale S^T q:  dS += scale q do^T
-      lane_axpy<DK>(dS, w + L.q + tt * DK, a.scale * w[L.dout + tt * 32 + lane]);
+      // o_t = scale S^T q with S the state after token t:  dq = scale S do ; dS += scale q do^T
+      const float dot = w[L.dout + tt * 32 + lane];  // 0 in lanes >= Dv
+      const float dq = transpose_sum<DK>([&](int i) { return S[i] * dot; }, lane);
+      if (writer) put(dqb + size_t(t) * a.lq, a.scale * dq, acc);
+      lane_axpy<DK>(dS, w + L.q + tt * DK, a.scale * dot, m);
       for (int j = nh - 1; j >= 0; --j) {
         const int r = tt * nh + j;
         float kr[DK];
-        lane_row<DK>(kr, w + L.k + r * DK);
-        const float beta = w[L.b + r], u = w[L.u + r * 32 + lane], bu = beta * u;
+        lane_row<DK>(kr, w + L.k + r * DK, m);
+        const float beta = w[L.b + r], u = w[L.v + r * 32 + lane], bu = beta * u;
         reg_axpy<DK>(S, kr, -bu);  // S_prev = S - k (beta u)^T
         const float wv = reg_dot<DK>(dS, kr);  // w = dS^T k
         const float du = beta * wv;
         // dk = beta dS u - S_prev du (summed over columns) ; dS -= k du^T
-#pragma unroll
-        for (int i = 0; i < DK; ++i) {
-          x[i] = fmaf(dS[i], bu, -S[i] * du);
-          dS[i] = fmaf(-kr[i], du, dS[i]);
-        }
-        const float dkv = transpose_sum<DK>(x, lane);
-        if (writer) put(dkb + size_t(t) * a.lk + size_t(j) * H * a.Dk + e, dkv, acc);
-        if (col) put(dvb + size_t(t) * a.lv + size_t(j) * H * a.Dv + lane, du, acc);
+        const float dkv = transpose_sum<DK>([&](int i) { return fmaf(dS[i], bu, -S[i] * du); }, lane);
+        reg_axpy<DK>(dS, kr, -du);
+        if (writer) put(dkb + size_t(t) * a.lk + j * jk, dkv, acc);
+        if (col) put(dvb + size_t(t) * a.lv + j * jv, du, acc);
         const float db = warp_sum(wv * u);  // dbeta = w . u ; d beta / d logit = beta (1 - beta / s)
         if (lane == 0) put(dbb + size_t(t) * a.lb + size_t(j) * H, db * beta * (1.f - beta / a.bscale), acc);
       }
@@ -984,9 +1090,19 @@ Args make_args(const DeltaRuleDims& d) {
   a.accumulate = true;
   a.nchunks = (d.T + kC - 1) / kC;
   a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
+  a.u_off = delta_rule_ckpt_u_offset(d);
   a.bscale = float(beta_scale(d.range));
   a.scale = float(d.out_scale());
   return a;
+}
+
+// Whether the lane kernels may stage rows as 16-byte copies: row lengths, token and sub-step
+// strides and base addresses all multiples of 4 floats, and a chunk's row offsets within int.
+bool vec_rows(const Args& a, bool bwd) {
+  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const long long span = (long long)kC * std::max({a.lq, a.lk, a.lv}) + (long long)a.nh * a.H * std::max(a.Dk, a.Dv);
+  return a.Dk % 4 == 0 && a.Dv % 4 == 0 && a.lq % 4 == 0 && a.lk % 4 == 0 && a.lv % 4 == 0 && al(a.q) && al(a.k) &&
+         al(a.v) && (!bwd || (al(a.dout) && al(a.ckpt_in + a.u_off))) && span < (1LL << 31);
 }
 
 void check_dims(const DeltaRuleDims& d) {
@@ -1022,8 +1138,12 @@ bool launch_lane(const Args& a, const DeltaRuleDims& d, bool bwd) {
 
 template <int DKP>
 void forward_dkp(Args a, const DeltaRuleDims& d) {
-  if constexpr (DKP <= 32)
-    if (launch_lane<DKP, delta_lane_fwd_kernel<DKP>>(a, d, false)) return;
+  if constexpr (DKP <= 32) {
+    a.vec = vec_rows(a, false);
+    if (d.n_h == 1 ? launch_lane<DKP, delta_lane_fwd_kernel<DKP, 1>>(a, d, false)
+                   : launch_lane<DKP, delta_lane_fwd_kernel<DKP, 0>>(a, d, false))
+      return;
+  }
   using Lay = Layout<DKP>;
   auto kernel = delta_fwd_kernel<DKP>;
   const Launch l = plan<delta_fwd_kernel<DKP>>(DKP, Lay::CPW, d, false, a.g != nullptr);
@@ -1050,14 +1170,19 @@ void zero_grad(float* p, long long rows, int cols, long long ld) {
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
-    // Two builds of the lane backward: unbounded registers (210 at DK = 32 per ptxas -v: 8 warps
-    // per SM, no spills) and capped at 128 (16 warps per SM, a few spilled registers). Measured
-    // on the H200 (P1 shapes, T = 40): the capped one wins when there are many sequences per SM
-    // (B = 1024, 31 per SM: 249 vs 287 us) and loses with few (B = 256, 7.8 per SM: 91 vs 73 us);
-    // the switch sits between the two measured points, at 12 sequences per SM.
+    // Two builds of the lane backward: unbounded registers (185 at DK = 32 per ptxas -v: 8 warps
+    // per SM, no spills) and capped at 128 (16 warps per SM, ~160 bytes spilled). Measured on the
+    // H200 (P1 shapes, T = 40, tests' DISABLED_Timing): the capped one wins when there are many
+    // sequences per SM (B = 1024, 31 per SM: 185 vs 208 us) and loses with few (B = 256, 7.8 per
+    // SM: 66 vs 53 us); the switch sits between the two measured points, at 12 sequences per SM.
+    // (A cap of 96 registers, 20 warps per SM, spills ~600 bytes and runs 3x slower.)
+    a.vec = vec_rows(a, true);
     const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();
-    if (many ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 4>>(a, d, true)
-             : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1>>(a, d, true))
+    const bool one = d.n_h == 1;
+    if (many ? (one ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 4>>(a, d, true)
+                    : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 4>>(a, d, true))
+             : (one ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 1>>(a, d, true)
+                    : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 1>>(a, d, true)))
       return;
   }
   if (!a.accumulate) {  // overwrite: the tiled kernel adds (with atomics when columns are split)
