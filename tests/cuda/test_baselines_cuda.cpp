@@ -185,11 +185,19 @@ TEST(BaselinesCuda, RopeMatchesCpu) {
 
 TEST(BaselinesCuda, AttentionMatchesCpu) {
   LRNN_REQUIRE_GPU();
-  check_attention(adims(2, 37, 3, 10, 0), 1e-4);
-  check_attention(adims(3, 29, 2, 7, 3), 1e-4);     // odd head dim, strided operands
-  check_attention(adims(2, 65, 4, 32, 5), 1e-4);    // past one CPU row block
-  check_attention(adims(1, 1, 1, 4, 0), 1e-4);      // one token
-  check_attention(adims(1, 20, 1, 160, 2), 1e-4);   // head dim above the block size
+  // Both kernel families on every shape (the tile kernels run where their shared memory fits).
+  for (const auto kernel : {ops::cuda::AttnKernel::Auto, ops::cuda::AttnKernel::Rows}) {
+    SCOPED_TRACE(kernel == ops::cuda::AttnKernel::Auto ? "auto kernels" : "row kernels");
+    ops::cuda::set_attention_kernel(kernel);
+    check_attention(adims(2, 37, 3, 10, 0), 1e-4);
+    check_attention(adims(3, 29, 2, 7, 3), 1e-4);     // odd head dim, strided operands
+    check_attention(adims(2, 65, 4, 32, 5), 1e-4);    // past one CPU row block
+    check_attention(adims(1, 1, 1, 4, 0), 1e-4);      // one token
+    check_attention(adims(64, 40, 4, 32, 0), 1e-4);   // the P1 Transformer's heads, many pairs
+    check_attention(adims(2, 96, 2, 32, 1), 1e-4);    // tile forward (75 KB), row backward (125 KB)
+    check_attention(adims(1, 20, 1, 160, 2), 1e-4);   // head dim above the block size
+  }
+  ops::cuda::set_attention_kernel(ops::cuda::AttnKernel::Auto);
 }
 
 TEST(BaselinesCuda, AttentionLongSequence) {

@@ -1,5 +1,15 @@
-// CUDA causal softmax attention (contract: attention_cuda.h / attention.h). Correct and simple
-// rather than fast (T <= 512 in practice):
+// CUDA causal softmax attention (contract: attention_cuda.h / attention.h). Two kernel families.
+//
+// Tile kernels (short sequences: the papers' T = 40-256 at head dims up to 64, whenever the
+// (b,h) pair's operands fit one block's shared memory): one block per (b,h) loads Q, K, V (and
+// dO) once, rows padded to D+1 floats so that reading a column across a warp hits 32 banks,
+// and works on the T x T score matrix in shared memory (stride T+1):
+//   forward:  S = scale Q K^T (j <= i), P = softmax rows (a warp per row), O = P V;
+//   backward: P = exp(S - lse), dS = P (dO V^T - D) with D_i = dO_i . o_i, then
+//             dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO, each element by one thread.
+// No atomics; every output has one owner thread (deterministic).
+//
+// Row kernels (any T up to kAttnCudaMaxT), correct and simple rather than fast:
 //   forward:  one block per (query row i, b*h): q_i in shared memory, one warp per key computes
 //             s_j = scale q_i.k_j (j <= i) into shared memory, block max / sum, then
 //             o_i = sum_j exp(s_j - m) v_j / l, lse_i = m + log l.
@@ -11,6 +21,7 @@
 // The sums over keys (or queries) of a column c are split over G = max(1, blockDim / D) thread
 // groups, added in a fixed order: deterministic.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include "core/check.h"
 #include "cuda/runtime.h"
@@ -227,6 +238,168 @@ __global__ void __launch_bounds__(kThreads) attn_backward_keys(float* __restrict
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tile kernels.
+constexpr int kTileThreads = 128;
+constexpr size_t kTileMaxSmem = 100 * 1024;  // above this the row kernels run (2+ blocks per SM)
+
+struct TileSmem {
+  int q, k, v, dout, p, ds, dd, lse, total;  // offsets in floats
+};
+__host__ __device__ inline TileSmem tile_smem(int T, int D, bool bwd) {
+  const int rows = T * (D + 1), mat = T * (T + 1);
+  TileSmem s{};
+  int o = 0;
+  s.q = o; o += rows;
+  s.k = o; o += rows;
+  s.v = o; o += rows;
+  s.dout = o; o += bwd ? rows : 0;
+  s.p = o; o += mat;
+  s.ds = o; o += bwd ? mat : 0;
+  s.dd = o; o += bwd ? T : 0;
+  s.lse = o; o += bwd ? T : 0;
+  s.total = o;
+  return s;
+}
+
+// T rows of D floats (token stride ld) into shared rows of D + 1.
+__device__ __forceinline__ void load_rows(float* dst, const float* src, int T, int D, int ld) {
+  for (int x = threadIdx.x; x < T * D; x += blockDim.x) {
+    const int t = x / D, c = x - t * D;
+    dst[t * (D + 1) + c] = src[size_t(t) * ld + c];
+  }
+}
+__device__ __forceinline__ float row_dot(const float* a, const float* b, int D) {
+  float acc = 0.f;
+  for (int c = 0; c < D; ++c) acc = fmaf(a[c], b[c], acc);
+  return acc;
+}
+
+__global__ void __launch_bounds__(kTileThreads) attn_tile_forward(float* __restrict__ o, float* __restrict__ lse,
+                                                                  const float* __restrict__ q,
+                                                                  const float* __restrict__ k,
+                                                                  const float* __restrict__ v, Geo g) {
+  extern __shared__ float sm[];
+  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = g.D, DP = D + 1, TP = T + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const TileSmem L = tile_smem(T, D, false);
+  float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *P = sm + L.p;
+  const size_t tok = size_t(b) * T;
+  load_rows(Qs, q + tok * g.lq + size_t(h) * D, T, D, g.lq);
+  load_rows(Ks, k + tok * g.lk + size_t(h) * D, T, D, g.lk);
+  load_rows(Vs, v + tok * g.lv + size_t(h) * D, T, D, g.lv);
+  __syncthreads();
+  for (int x = tid; x < T * T; x += blockDim.x) {
+    const int i = x / T, j = x - i * T;
+    if (j <= i) P[i * TP + j] = g.scale * row_dot(Qs + i * DP, Ks + j * DP, D);
+  }
+  __syncthreads();
+  for (int i = warp; i < T; i += nw) {  // softmax of row i over j <= i
+    float m = -INFINITY;
+    for (int j = lane; j <= i; j += 32) m = fmaxf(m, P[i * TP + j]);
+    m = warp_max(m);
+    float l = 0.f;
+    for (int j = lane; j <= i; j += 32) {
+      const float e = expf(P[i * TP + j] - m);
+      P[i * TP + j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    const float inv = 1.f / l;
+    for (int j = lane; j <= i; j += 32) P[i * TP + j] *= inv;
+    if (lse && lane == 0) lse[size_t(bh) * T + i] = m + logf(l);
+  }
+  __syncthreads();
+  float* O = o + tok * g.lo + size_t(h) * D;
+  for (int x = tid; x < T * D; x += blockDim.x) {
+    const int i = x / D, c = x - i * D;
+    float acc = 0.f;
+    for (int j = 0; j <= i; ++j) acc = fmaf(P[i * TP + j], Vs[j * DP + c], acc);
+    O[size_t(i) * g.lo + c] = acc;
+  }
+}
+
+__global__ void __launch_bounds__(kTileThreads) attn_tile_backward(float* __restrict__ dq, float* __restrict__ dk,
+                                                                   float* __restrict__ dv,
+                                                                   const float* __restrict__ dout,
+                                                                   const float* __restrict__ q,
+                                                                   const float* __restrict__ k,
+                                                                   const float* __restrict__ v,
+                                                                   const float* __restrict__ o,
+                                                                   const float* __restrict__ lse, Geo g) {
+  extern __shared__ float sm[];
+  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = g.D, DP = D + 1, TP = T + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const TileSmem L = tile_smem(T, D, true);
+  float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *Gs = sm + L.dout, *P = sm + L.p, *dS = sm + L.ds;
+  float *Dd = sm + L.dd, *Ls = sm + L.lse;
+  const size_t tok = size_t(b) * T;
+  load_rows(Qs, q + tok * g.lq + size_t(h) * D, T, D, g.lq);
+  load_rows(Ks, k + tok * g.lk + size_t(h) * D, T, D, g.lk);
+  load_rows(Vs, v + tok * g.lv + size_t(h) * D, T, D, g.lv);
+  load_rows(Gs, dout + tok * g.lo + size_t(h) * D, T, D, g.lo);
+  const float* O = o + tok * g.lo + size_t(h) * D;
+  for (int i = warp; i < T; i += nw) {  // D_i = dO_i . o_i
+    float acc = 0.f;
+    for (int c = lane; c < D; c += 32) acc = fmaf(dout[(tok + i) * g.lo + size_t(h) * D + c], O[size_t(i) * g.lo + c], acc);
+    acc = warp_sum(acc);
+    if (lane == 0) Dd[i] = acc, Ls[i] = lse[size_t(bh) * T + i];
+  }
+  __syncthreads();
+  for (int x = tid; x < T * T; x += blockDim.x) {
+    const int i = x / T, j = x - i * T;
+    if (j <= i) {
+      const float p = expf(g.scale * row_dot(Qs + i * DP, Ks + j * DP, D) - Ls[i]);
+      P[i * TP + j] = p;
+      dS[i * TP + j] = p * (row_dot(Gs + i * DP, Vs + j * DP, D) - Dd[i]);
+    }
+  }
+  __syncthreads();
+  float* dQ = dq + tok * g.lq + size_t(h) * D;
+  float* dK = dk + tok * g.lk + size_t(h) * D;
+  float* dV = dv + tok * g.lv + size_t(h) * D;
+  for (int x = tid; x < T * D; x += blockDim.x) {
+    const int r = x / D, c = x - r * D;
+    float aq = 0.f, ak = 0.f, av = 0.f;
+    for (int j = 0; j <= r; ++j) aq = fmaf(dS[r * TP + j], Ks[j * DP + c], aq);  // query r
+    for (int i = r; i < T; ++i) {                                                 // key r
+      ak = fmaf(dS[i * TP + r], Qs[i * DP + c], ak);
+      av = fmaf(P[i * TP + r], Gs[i * DP + c], av);
+    }
+    dQ[size_t(r) * g.lq + c] += g.scale * aq;
+    dK[size_t(r) * g.lk + c] += g.scale * ak;
+    dV[size_t(r) * g.lv + c] += av;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+std::atomic<int> g_attn_kernel{int(AttnKernel::Auto)};
+
+int max_smem_optin() {
+  static const int v = [] {
+    int dev = 0, x = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return x;
+  }();
+  return v;
+}
+
+// Shared memory of the tile kernel for these dims, or 0 where the row kernels run.
+template <auto Kernel>
+size_t tile_bytes(const AttentionDims& d, bool bwd) {
+  if (AttnKernel(g_attn_kernel.load()) != AttnKernel::Auto) return 0;
+  const size_t bytes = sizeof(float) * size_t(tile_smem(d.T, d.D, bwd).total);
+  if (bytes > std::min<size_t>(kTileMaxSmem, size_t(max_smem_optin()))) return 0;
+  static const bool allowed = [] {
+    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileMaxSmem)));
+    return true;
+  }();
+  (void)allowed;
+  return bytes;
+}
+
 Geo geo(const AttentionDims& d) {
   LRNN_CHECK(d.B > 0 && d.T > 0 && d.H > 0 && d.D > 0, "attention: bad dims B={} T={} H={} D={}", d.B, d.T, d.H, d.D);
   LRNN_CHECK(d.T <= kAttnCudaMaxT, "attention (CUDA): T = {} exceeds {}", d.T, kAttnCudaMaxT);
@@ -242,8 +415,15 @@ size_t smem_bytes(size_t floats) {
 
 }  // namespace
 
+void set_attention_kernel(AttnKernel k) { g_attn_kernel.store(int(k)); }
+
 void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, const AttentionDims& d) {
   const Geo g = geo(d);
+  if (const size_t bytes = tile_bytes<attn_tile_forward>(d, false)) {
+    attn_tile_forward<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const size_t P = std::max(kThreads, d.D);
   const size_t smem = smem_bytes(size_t(d.D) + d.T + P);
   attn_forward<<<dim3(d.T, d.B * d.H), kThreads, smem, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
@@ -254,6 +434,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* v, const float* o, const float* lse, const AttentionDims& d) {
   LRNN_CHECK(lse != nullptr, "attention_backward needs the forward's log-sum-exp");
   const Geo g = geo(d);
+  if (const size_t bytes = tile_bytes<attn_tile_backward>(d, true)) {
+    attn_tile_backward<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(dq, dk, dv, dout, q, k, v, o, lse, g);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const size_t P = std::max(kThreads, d.D);
   const dim3 grid(d.T, d.B * d.H);
   attn_backward_rows<<<grid, kThreads, smem_bytes(2 * size_t(d.D) + d.T + P), lrnn::cuda::stream()>>>(

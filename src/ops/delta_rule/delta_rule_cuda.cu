@@ -1149,7 +1149,8 @@ void forward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
     a.vec = vec_rows(a, false);
     if (d.n_h == 1 ? launch_lane<DKP, delta_lane_fwd_kernel<DKP, 1>>(a, d, false)
-                   : launch_lane<DKP, delta_lane_fwd_kernel<DKP, 0>>(a, d, false))
+        : d.n_h == 2 && DKP == 32 ? launch_lane<DKP, delta_lane_fwd_kernel<DKP, DKP == 32 ? 2 : 0>>(a, d, false)
+                                  : launch_lane<DKP, delta_lane_fwd_kernel<DKP, 0>>(a, d, false))
       return;
   }
   using Lay = Layout<DKP>;
@@ -1186,11 +1187,15 @@ void backward_dkp(Args a, const DeltaRuleDims& d) {
     // (A cap of 96 registers, 20 warps per SM, spills ~600 bytes and runs 3x slower.)
     a.vec = vec_rows(a, true);
     const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();
-    const bool one = d.n_h == 1;
-    if (many ? (one ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 4>>(a, d, true)
-                    : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 4>>(a, d, true))
-             : (one ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 1>>(a, d, true)
-                    : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 1>>(a, d, true)))
+    // n_h = 1 (DeltaNet) and, at DK = 32, n_h = 2 (the DeltaProduct runs) are compile-time cases.
+    constexpr int kNH2 = DKP == 32 ? 2 : 0;
+    const int nh = d.n_h == 1 ? 1 : d.n_h == 2 && DKP == 32 ? 2 : 0;
+    if (many ? (nh == 1   ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 4>>(a, d, true)
+                : nh == 2 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, kNH2, 4>>(a, d, true)
+                          : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 4>>(a, d, true))
+             : (nh == 1   ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 1>>(a, d, true)
+                : nh == 2 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, kNH2, 1>>(a, d, true)
+                          : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 1>>(a, d, true)))
       return;
   }
   if (!a.accumulate) {  // overwrite: the tiled kernel adds (with atomics when columns are split)
