@@ -181,6 +181,12 @@ TEST(BaselinesCuda, RopeMatchesCpu) {
   check_rope(d, 1e-5);
   d.B = 1; d.T = 300; d.H = 2; d.D = 2; d.ldx = 7; d.ldo = 5;
   check_rope(d, 1e-5);
+  // Angles up to 4000 radians, and a head dim whose D/2 = 600 frequencies outnumber a block's
+  // threads.
+  d.B = 1; d.T = 4000; d.H = 2; d.D = 64; d.theta = 10000.0; d.ldx = 0; d.ldo = 0;
+  check_rope(d, 1e-5);
+  d.B = 2; d.T = 33; d.H = 1; d.D = 1200;
+  check_rope(d, 1e-5);
 }
 
 TEST(BaselinesCuda, AttentionMatchesCpu) {
