@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include "core/check.h"
 #include "cuda/runtime.h"
 #include "ops/attention/attention_cuda.h"
@@ -269,18 +270,23 @@ __device__ __forceinline__ void load_rows(float* dst, const float* src, int T, i
     dst[t * (D + 1) + c] = src[size_t(t) * ld + c];
   }
 }
+// DT: the head dim at compile time (16, 32, 64: loops unroll, indices become shifts), or 0.
+template <int DT>
 __device__ __forceinline__ float row_dot(const float* a, const float* b, int D) {
-  float acc = 0.f;
-  for (int c = 0; c < D; ++c) acc = fmaf(a[c], b[c], acc);
-  return acc;
+  const int n = DT ? DT : D;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 16
+  for (int c = 0; c < n; ++c) acc[c & 3] = fmaf(a[c], b[c], acc[c & 3]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+template <int DT>
 __global__ void __launch_bounds__(kTileThreads) attn_tile_forward(float* __restrict__ o, float* __restrict__ lse,
                                                                   const float* __restrict__ q,
                                                                   const float* __restrict__ k,
                                                                   const float* __restrict__ v, Geo g) {
   extern __shared__ float sm[];
-  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = g.D, DP = D + 1, TP = T + 1;
+  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = DT ? DT : g.D, DP = D + 1, TP = T + 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const TileSmem L = tile_smem(T, D, false);
   float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *P = sm + L.p;
@@ -291,7 +297,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_tile_forward(float* __restr
   __syncthreads();
   for (int x = tid; x < T * T; x += blockDim.x) {
     const int i = x / T, j = x - i * T;
-    if (j <= i) P[i * TP + j] = g.scale * row_dot(Qs + i * DP, Ks + j * DP, D);
+    if (j <= i) P[i * TP + j] = g.scale * row_dot<DT>(Qs + i * DP, Ks + j * DP, D);
   }
   __syncthreads();
   for (int i = warp; i < T; i += nw) {  // softmax of row i over j <= i
@@ -319,6 +325,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_tile_forward(float* __restr
   }
 }
 
+template <int DT>
 __global__ void __launch_bounds__(kTileThreads) attn_tile_backward(float* __restrict__ dq, float* __restrict__ dk,
                                                                    float* __restrict__ dv,
                                                                    const float* __restrict__ dout,
@@ -328,7 +335,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_tile_backward(float* __rest
                                                                    const float* __restrict__ o,
                                                                    const float* __restrict__ lse, Geo g) {
   extern __shared__ float sm[];
-  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = g.D, DP = D + 1, TP = T + 1;
+  const int bh = blockIdx.x, b = bh / g.H, h = bh % g.H, T = g.T, D = DT ? DT : g.D, DP = D + 1, TP = T + 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const TileSmem L = tile_smem(T, D, true);
   float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *Gs = sm + L.dout, *P = sm + L.p, *dS = sm + L.ds;
@@ -349,9 +356,9 @@ __global__ void __launch_bounds__(kTileThreads) attn_tile_backward(float* __rest
   for (int x = tid; x < T * T; x += blockDim.x) {
     const int i = x / T, j = x - i * T;
     if (j <= i) {
-      const float p = expf(g.scale * row_dot(Qs + i * DP, Ks + j * DP, D) - Ls[i]);
+      const float p = expf(g.scale * row_dot<DT>(Qs + i * DP, Ks + j * DP, D) - Ls[i]);
       P[i * TP + j] = p;
-      dS[i * TP + j] = p * (row_dot(Gs + i * DP, Vs + j * DP, D) - Dd[i]);
+      dS[i * TP + j] = p * (row_dot<DT>(Gs + i * DP, Vs + j * DP, D) - Dd[i]);
     }
   }
   __syncthreads();
@@ -419,11 +426,19 @@ void set_attention_kernel(AttnKernel k) { g_attn_kernel.store(int(k)); }
 
 void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, const AttentionDims& d) {
   const Geo g = geo(d);
-  if (const size_t bytes = tile_bytes<attn_tile_forward>(d, false)) {
-    attn_tile_forward<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
-    LRNN_CUDA_LAUNCH_CHECK();
+  auto tile = [&](auto kernel) {
+    if (const size_t bytes = tile_bytes<decltype(kernel)::value>(d, false)) {
+      decltype(kernel)::value<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
+      LRNN_CUDA_LAUNCH_CHECK();
+      return true;
+    }
+    return false;
+  };
+  if (d.D == 16 ? tile(std::integral_constant<decltype(&attn_tile_forward<16>), &attn_tile_forward<16>>{})
+      : d.D == 32 ? tile(std::integral_constant<decltype(&attn_tile_forward<32>), &attn_tile_forward<32>>{})
+      : d.D == 64 ? tile(std::integral_constant<decltype(&attn_tile_forward<64>), &attn_tile_forward<64>>{})
+                  : tile(std::integral_constant<decltype(&attn_tile_forward<0>), &attn_tile_forward<0>>{}))
     return;
-  }
   const size_t P = std::max(kThreads, d.D);
   const size_t smem = smem_bytes(size_t(d.D) + d.T + P);
   attn_forward<<<dim3(d.T, d.B * d.H), kThreads, smem, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
@@ -434,11 +449,20 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* v, const float* o, const float* lse, const AttentionDims& d) {
   LRNN_CHECK(lse != nullptr, "attention_backward needs the forward's log-sum-exp");
   const Geo g = geo(d);
-  if (const size_t bytes = tile_bytes<attn_tile_backward>(d, true)) {
-    attn_tile_backward<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(dq, dk, dv, dout, q, k, v, o, lse, g);
-    LRNN_CUDA_LAUNCH_CHECK();
+  auto tile = [&](auto kernel) {
+    if (const size_t bytes = tile_bytes<decltype(kernel)::value>(d, true)) {
+      decltype(kernel)::value<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(dq, dk, dv, dout, q, k, v, o,
+                                                                                          lse, g);
+      LRNN_CUDA_LAUNCH_CHECK();
+      return true;
+    }
+    return false;
+  };
+  if (d.D == 16 ? tile(std::integral_constant<decltype(&attn_tile_backward<16>), &attn_tile_backward<16>>{})
+      : d.D == 32 ? tile(std::integral_constant<decltype(&attn_tile_backward<32>), &attn_tile_backward<32>>{})
+      : d.D == 64 ? tile(std::integral_constant<decltype(&attn_tile_backward<64>), &attn_tile_backward<64>>{})
+                  : tile(std::integral_constant<decltype(&attn_tile_backward<0>), &attn_tile_backward<0>>{}))
     return;
-  }
   const size_t P = std::max(kThreads, d.D);
   const dim3 grid(d.T, d.B * d.H);
   attn_backward_rows<<<grid, kThreads, smem_bytes(2 * size_t(d.D) + d.T + P), lrnn::cuda::stream()>>>(
