@@ -358,7 +358,7 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::wait(o_ticket);  // the side work up to o_proj's dW read dh (and this layer's MLP buffers)
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
-  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
+  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C, V);
   Ops::join();
 }
 

@@ -219,7 +219,7 @@ void LlamaCore<T, Ops>::backward(const T* P, T* G) {
     Ops::linear_backward(g.dx, G + w.q_proj, nullptr, g.dqkv, a.x1, P + w.q_proj, N, C, 3 * C, false);
     Ops::rmsnorm_backward(g.dh, G + w.input_norm, g.dx, a.h, P + w.input_norm, a.rstd1, N, C);
   }
-  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
+  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C, V);
 }
 
 template <class T>

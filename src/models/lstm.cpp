@@ -152,7 +152,7 @@ void LstmCore<T, Ops>::backward(const T* P, T* G) {
                        a.h, a.c, a.gates, ops::LstmDims{T_, B, in_size, H}, g_.work);
     std::swap(dh, dx);
   }
-  Ops::embedding_backward(G + net_.emb, dh, acts_.tokens_tm, N, E);
+  Ops::embedding_backward(G + net_.emb, dh, acts_.tokens_tm, N, E, V);
 }
 
 template <class T>

@@ -249,7 +249,7 @@ void MambaCore<T, Ops>::backward(const T* P, T* G) {
     Ops::linear_backward(g.dx1, G + w.in_proj, gopt(w.in_bias), g.dxz, a.x1, P + w.in_proj, N, C, 2 * Di, false);
     Ops::rmsnorm_backward(g.dh, G + w.norm, g.dx1, a.h, P + w.norm, a.rstd, N, C);
   }
-  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C);
+  Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C, V);
 }
 
 template <class T>

@@ -454,7 +454,7 @@ void XLSTMCore<T, Ops>::backward(const T* P, T* G) {
     if (cfg.is_mlstm()) mlstm_backward(P, G, li, g_.dh, B, T_);
     else slstm_backward(P, G, li, g_.dh, B, T_);
   }
-  Ops::embedding_backward(G + net_.emb, g_.dh, tokens_, N, d);
+  Ops::embedding_backward(G + net_.emb, g_.dh, tokens_, N, d, V);
 }
 
 template <class T>

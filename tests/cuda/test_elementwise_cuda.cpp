@@ -118,18 +118,25 @@ void check_embedding(int N, int C, int V, uint64_t seed) {
 
   std::vector<float> out(size_t(N) * C), dW = dW0;
   cpu::embedding_forward<float>(out.data(), tok.data(), W.data(), N, C, V);
-  cpu::embedding_backward<float>(dW.data(), dout.data(), tok.data(), N, C);
+  cpu::embedding_backward<float>(dW.data(), dout.data(), tok.data(), N, C, V);
 
   auto dTok = to_device(tok);
   auto dWt = to_device(W), dOut = to_device(randn(size_t(N) * C, seed + 4)), dDout = to_device(dout);
   auto dDW = to_device(dW0);
   gpu::embedding_forward(dOut.data(), dTok.data(), dWt.data(), N, C, V);
-  gpu::embedding_backward(dDW.data(), dDout.data(), dTok.data(), N, C);
+  gpu::embedding_backward(dDW.data(), dDout.data(), dTok.data(), N, C, V);
   expect_close(dOut.download(), out, 0, 0, "embedding out");
   std::vector<double> abs_terms(size_t(V) * C, 0.0);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) abs_terms[size_t(tok[n]) * C + c] += std::fabs(dout[size_t(n) * C + c]);
   expect_close(dDW.download(), dW, sum_atol(max_of(abs_terms)), kSumRtol, "embedding dW");
+  // Small vocabularies (and C % 4 == 0) take the deterministic path: the same bits every run.
+  if (V <= gpu::kEmbDetMaxV && C % 4 == 0) {
+    const auto first = dDW.download();
+    auto again = to_device(dW0);
+    gpu::embedding_backward(again.data(), dDout.data(), dTok.data(), N, C, V);
+    EXPECT_EQ(again.download(), first) << "deterministic path: a second run differs";
+  }
 }
 
 TEST(CudaElementwise, Embedding) {
@@ -140,6 +147,9 @@ TEST(CudaElementwise, Embedding) {
   check_embedding(1000, 32, 3, 4);     // long runs of equal tokens
   check_embedding(10240, 128, 64, 5);  // a training batch
   check_embedding(300, 16, 1000, 6);   // larger vocabulary than a chunk: mostly distinct tokens
+  check_embedding(40960, 128, 3, 7);   // the P1 parity step at B = 1024 (deterministic path)
+  check_embedding(5000, 260, 16, 8);   // deterministic path, 3 channel tiles, the largest V
+  check_embedding(777, 64, 17, 9);     // just above it: atomics
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -674,7 +684,7 @@ TEST(CudaElementwise, CapturedInCudaGraph) {
                                   bc.data(), dbc.data());
   std::vector<float> dh2(size_t(N) * C, 0.f);
   cpu::rmsnorm_backward<float>(dh2.data(), dwn.data(), dx.data(), h.data(), wn.data(), rstd.data(), N, C);
-  cpu::embedding_backward<float>(dWemb.data(), dh2.data(), tok.data(), N, C);
+  cpu::embedding_backward<float>(dWemb.data(), dh2.data(), tok.data(), N, C, V);
 
   // The same on the GPU, captured once and replayed.
   auto zeros = [](size_t n) { return to_device(std::vector<float>(n, 0.f)); };
@@ -712,7 +722,7 @@ TEST(CudaElementwise, CapturedInCudaGraph) {
   gpu::short_conv_backward(Dx.data(), GWc.data(), Dconv.data(), Xn.data(), dWc.data(), B, T, C, K, 0, 0, dBc.data(),
                            GBc.data());
   gpu::rmsnorm_backward(Dh2.data(), GWn.data(), Dx.data(), H_.data(), dWn.data(), Rstd.data(), N, C);
-  gpu::embedding_backward(GWe.data(), Dh2.data(), Tok.data(), N, C);
+  gpu::embedding_backward(GWe.data(), Dh2.data(), Tok.data(), N, C, V);
   ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);

@@ -32,7 +32,7 @@ TEST(OpGrad, Embedding) {
   auto W = randn(V * C, 4);
   GradCase c{{"W"}, {&W}, size_t(N * C)};
   c.forward = [&](auto& out) { embedding_forward(out.data(), tok.data(), W.data(), N, C, V); };
-  c.backward = [&](auto& d, auto& g) { embedding_backward(g[0].data(), d.data(), tok.data(), N, C); };
+  c.backward = [&](auto& d, auto& g) { embedding_backward(g[0].data(), d.data(), tok.data(), N, C, V); };
   run_gradcheck(c);
   std::vector<int32_t> bad{0, 4};
   std::vector<double> out(2 * C);

@@ -1,15 +1,23 @@
 // CUDA token embedding (contract: embedding_cuda.h / embedding.h).
 //
 // Forward: one thread per output element (float4 when rows allow it).
-// Backward: dW[tok[n], :] += dout[n, :]. The vocabulary is small in practice (3..64 rows) and
-// the signature carries no V, so instead of a [V, C] table in shared memory each block ranks
-// (sorts) its chunk of 256 tokens in shared memory and walks them in token order: every thread
-// owns one channel, sums dout over each run of equal tokens and issues one atomicAdd per run.
-// That is at most min(V, 128) atomics per channel per half chunk instead of one per token.
+// Backward: dW[tok[n], :] += dout[n, :].
+//   Small vocabularies (V <= kEmbDetMaxV, C % 4 == 0: the papers' tasks have 3..~30 tokens),
+//   deterministic, two passes. Pass 1: block p takes a contiguous range of tokens and a tile of
+//   128 channels; each of its 8 warps sums every 8th token's dout row (a lane per 4 channels,
+//   float4) into its own [V][128] table in shared memory, in token order; the 8 tables are added
+//   in warp order and written as partials[p][V][C] to the device scratch. Pass 2 adds each
+//   element's partials in block order. The order of every sum is fixed by N, C and V alone, so
+//   runs repeat bit for bit. (With atomics, a differing order changed the loss by an ulp, which
+//   TF32 and bf16 roundings then amplified: two runs were 3e-5 apart after 20 steps.)
+//   Otherwise each block ranks (sorts) its chunk of 256 tokens in shared memory and walks them in
+//   token order: every thread owns one channel, sums dout over each run of equal tokens and
+//   issues one atomicAdd per run (at most min(V, 128) atomics per channel per half chunk).
 //
 // Tokens outside [0, V) cannot be reported from the device: the forward writes NaN rows for
-// them (so the loss shows it), the backward skips negative tokens (it does not know V).
+// them (so the loss shows it), the backward skips them.
 #include "ops/embedding/embedding_cuda.h"
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -55,7 +63,7 @@ static_assert(kChunk == kThreads && kChunk % kTile == 0);
 __global__ void __launch_bounds__(kThreads) embedding_backward_kernel(float* __restrict__ dW,
                                                                       const float* __restrict__ dout,
                                                                       const int32_t* __restrict__ tok, int N,
-                                                                      int C) {
+                                                                      int C, int V) {
   __shared__ int keys[kChunk];
   __shared__ int skey[kChunk];
   __shared__ int sidx[kChunk];
@@ -90,20 +98,66 @@ __global__ void __launch_bounds__(kThreads) embedding_backward_kernel(float* __r
     for (int u = 0; u < kUnroll; ++u) {
       const bool in = i + u < end;
       kk[u] = in ? skey[i + u] : -1;
-      v[u] = (in && kk[u] >= 0) ? d[size_t(sidx[i + u]) * C] : 0.f;
+      v[u] = (in && kk[u] >= 0 && kk[u] < V) ? d[size_t(sidx[i + u]) * C] : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (i + u >= end) break;
       if (kk[u] != cur) {
-        if (cur >= 0) atomicAdd(dW + size_t(cur) * C + c, acc);
+        if (cur >= 0 && cur < V) atomicAdd(dW + size_t(cur) * C + c, acc);
         cur = kk[u];
         acc = 0.f;
       }
       acc += v[u];
     }
   }
-  if (cur >= 0) atomicAdd(dW + size_t(cur) * C + c, acc);
+  if (cur >= 0 && cur < V) atomicAdd(dW + size_t(cur) * C + c, acc);
+}
+
+constexpr int kDetWarps = 8;
+constexpr int kDetTile4 = 32;  // float4 columns per channel tile (128 channels)
+
+// grid (P, ceil(C4 / 32)), kDetWarps * 32 threads; dynamic smem kDetWarps * V * 32 float4.
+__global__ void __launch_bounds__(kDetWarps * 32) embedding_backward_partials(float* __restrict__ part,
+                                                                            const float4* __restrict__ dout,
+                                                                            const int32_t* __restrict__ tok, int N,
+                                                                            int C4, int V, int per_block) {
+  extern __shared__ float4 tab[];  // [warp][v][lane]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c4 = blockIdx.y * kDetTile4 + lane;
+  float4* mine = tab + size_t(warp) * V * kDetTile4;
+  for (int v = 0; v < V; ++v) mine[v * kDetTile4 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int n0 = blockIdx.x * per_block, n1 = min(N, n0 + per_block);
+  if (c4 < C4) {
+    for (int n = n0 + warp; n < n1; n += kDetWarps) {
+      const int t = tok[n];
+      const float4 x = dout[size_t(n) * C4 + c4];
+      if (t < 0 || t >= V) continue;
+      float4& a = mine[t * kDetTile4 + lane];
+      a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+    }
+  }
+  __syncthreads();
+  float4* out = reinterpret_cast<float4*>(part) + size_t(blockIdx.x) * V * C4;
+  for (int e = threadIdx.x; e < V * kDetTile4; e += blockDim.x) {
+    const int v = e / kDetTile4, cc = blockIdx.y * kDetTile4 + e % kDetTile4;
+    if (cc >= C4) continue;
+    float4 s = tab[e];
+    for (int w = 1; w < kDetWarps; ++w) {
+      const float4 y = tab[size_t(w) * V * kDetTile4 + e];
+      s.x += y.x, s.y += y.y, s.z += y.z, s.w += y.w;
+    }
+    out[size_t(v) * C4 + cc] = s;
+  }
+}
+
+// dW[i] += sum_p part[p][i] in order p = 0..P-1.
+__global__ void embedding_backward_sum(float* __restrict__ dW, const float* __restrict__ part, int P, int VC) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= VC) return;
+  float s = 0.f;
+  for (int p = 0; p < P; ++p) s += part[size_t(p) * VC + i];
+  dW[i] += s;
 }
 
 }  // namespace
@@ -124,10 +178,34 @@ void embedding_forward(float* out, const int32_t* tok, const float* W, int N, in
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
-void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N, int C) {
-  if (N <= 0 || C <= 0) return;
+void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N, int C, int V) {
+  if (N <= 0 || C <= 0 || V <= 0) return;
+  auto s = ::lrnn::cuda::stream();
+  // Partials per block: as many blocks as chunks of 256 tokens, within the scratch's 1 MiB.
+  const size_t per_part = size_t(V) * C * sizeof(float);
+  const int P = int(std::min<size_t>((N + kChunk - 1) / kChunk, (size_t(1) << 20) / per_part));
+  const bool det = V <= kEmbDetMaxV && C % 4 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0 && P >= 1;
+  if (det) {
+    const int per_block = (N + P - 1) / P, C4 = C / 4;
+    const size_t smem = sizeof(float4) * kDetWarps * V * kDetTile4;  // <= 64 KiB at V = 16
+    static const bool opted = [] {
+      LRNN_CUDA_CHECK(cudaFuncSetAttribute(embedding_backward_partials, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(sizeof(float4) * kDetWarps * kEmbDetMaxV * kDetTile4)));
+      return true;
+    }();
+    (void)opted;
+    auto* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(P) * per_part));
+    const dim3 grid(unsigned(P), unsigned((C4 + kDetTile4 - 1) / kDetTile4));
+    embedding_backward_partials<<<grid, kDetWarps * 32, smem, s>>>(part, reinterpret_cast<const float4*>(dout), tok,
+                                                                    N, C4, V, per_block);
+    LRNN_CUDA_LAUNCH_CHECK();
+    const int VC = V * C;
+    embedding_backward_sum<<<(VC + 255) / 256, 256, 0, s>>>(dW, part, P, VC);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid((N + kChunk - 1) / kChunk, (C + kTile - 1) / kTile);
-  embedding_backward_kernel<<<grid, kThreads, 0, ::lrnn::cuda::stream()>>>(dW, dout, tok, N, C);
+  embedding_backward_kernel<<<grid, kThreads, 0, s>>>(dW, dout, tok, N, C, V);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
