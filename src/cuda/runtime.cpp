@@ -34,13 +34,22 @@ std::string device_name() {
                      double(p.totalGlobalMem) / double(1 << 30));
 }
 
+namespace {
+int device_attr(cudaDeviceAttr what) {
+  int dev = 0, x = 0;
+  LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+  LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, what, dev));
+  return x;
+}
+}  // namespace
+
 int num_sms() {
-  static const int v = [] {
-    int dev = 0, n = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n > 0 ? n : 1;
-  }();
+  static const int v = std::max(1, device_attr(cudaDevAttrMultiProcessorCount));
+  return v;
+}
+
+int max_smem_optin() {
+  static const int v = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return v;
 }
 

@@ -30,6 +30,8 @@ bool available();
 std::string device_name();
 // Streaming multiprocessors of the current device (queried once).
 int num_sms();
+// The most shared memory one block may opt in to, in bytes (queried once).
+int max_smem_optin();
 // The stream every lrnn op launches on (created on first use): the main stream, or the side
 // stream between fork() and unfork().
 cudaStream_t stream();

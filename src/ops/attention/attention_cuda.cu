@@ -383,15 +383,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_tile_backward(float* __rest
 // Host side.
 std::atomic<int> g_attn_kernel{int(AttnKernel::Auto)};
 
-int max_smem_optin() {
-  static const int v = [] {
-    int dev = 0, x = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return x;
-  }();
-  return v;
-}
+using ::lrnn::cuda::max_smem_optin;
 
 // Shared memory of the tile kernel for these dims, or 0 where the row kernels run.
 template <auto Kernel>
@@ -405,6 +397,35 @@ size_t tile_bytes(const AttentionDims& d, bool bwd) {
   }();
   (void)allowed;
   return bytes;
+}
+
+template <int DT>
+struct TileForward {
+  static constexpr auto fn = attn_tile_forward<DT>;
+};
+template <int DT>
+struct TileBackward {
+  static constexpr auto fn = attn_tile_backward<DT>;
+};
+
+// Launches K<DT>::fn, a block per (b,h), with DT = d.D where it is 16, 32 or 64 (else 0: any),
+// if its shared memory fits; false where the row kernels must run instead.
+template <template <int> class K, class... Args>
+bool launch_tile(const AttentionDims& d, bool bwd, Args... args) {
+  auto go = [&](auto dt) {
+    constexpr auto kernel = K<decltype(dt)::value>::fn;
+    const size_t bytes = tile_bytes<kernel>(d, bwd);
+    if (!bytes) return false;
+    kernel<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(args...);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return true;
+  };
+  switch (d.D) {
+    case 16: return go(std::integral_constant<int, 16>{});
+    case 32: return go(std::integral_constant<int, 32>{});
+    case 64: return go(std::integral_constant<int, 64>{});
+    default: return go(std::integral_constant<int, 0>{});
+  }
 }
 
 Geo geo(const AttentionDims& d) {
@@ -426,19 +447,7 @@ void set_attention_kernel(AttnKernel k) { g_attn_kernel.store(int(k)); }
 
 void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, const AttentionDims& d) {
   const Geo g = geo(d);
-  auto tile = [&](auto kernel) {
-    if (const size_t bytes = tile_bytes<decltype(kernel)::value>(d, false)) {
-      decltype(kernel)::value<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
-      LRNN_CUDA_LAUNCH_CHECK();
-      return true;
-    }
-    return false;
-  };
-  if (d.D == 16 ? tile(std::integral_constant<decltype(&attn_tile_forward<16>), &attn_tile_forward<16>>{})
-      : d.D == 32 ? tile(std::integral_constant<decltype(&attn_tile_forward<32>), &attn_tile_forward<32>>{})
-      : d.D == 64 ? tile(std::integral_constant<decltype(&attn_tile_forward<64>), &attn_tile_forward<64>>{})
-                  : tile(std::integral_constant<decltype(&attn_tile_forward<0>), &attn_tile_forward<0>>{}))
-    return;
+  if (launch_tile<TileForward>(d, false, o, lse, q, k, v, g)) return;
   const size_t P = std::max(kThreads, d.D);
   const size_t smem = smem_bytes(size_t(d.D) + d.T + P);
   attn_forward<<<dim3(d.T, d.B * d.H), kThreads, smem, lrnn::cuda::stream()>>>(o, lse, q, k, v, g);
@@ -449,20 +458,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* v, const float* o, const float* lse, const AttentionDims& d) {
   LRNN_CHECK(lse != nullptr, "attention_backward needs the forward's log-sum-exp");
   const Geo g = geo(d);
-  auto tile = [&](auto kernel) {
-    if (const size_t bytes = tile_bytes<decltype(kernel)::value>(d, true)) {
-      decltype(kernel)::value<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(dq, dk, dv, dout, q, k, v, o,
-                                                                                          lse, g);
-      LRNN_CUDA_LAUNCH_CHECK();
-      return true;
-    }
-    return false;
-  };
-  if (d.D == 16 ? tile(std::integral_constant<decltype(&attn_tile_backward<16>), &attn_tile_backward<16>>{})
-      : d.D == 32 ? tile(std::integral_constant<decltype(&attn_tile_backward<32>), &attn_tile_backward<32>>{})
-      : d.D == 64 ? tile(std::integral_constant<decltype(&attn_tile_backward<64>), &attn_tile_backward<64>>{})
-                  : tile(std::integral_constant<decltype(&attn_tile_backward<0>), &attn_tile_backward<0>>{}))
-    return;
+  if (launch_tile<TileBackward>(d, true, dq, dk, dv, dout, q, k, v, o, lse, g)) return;
   const size_t P = std::max(kThreads, d.D);
   const dim3 grid(d.T, d.B * d.H);
   attn_backward_rows<<<grid, kThreads, smem_bytes(2 * size_t(d.D) + d.T + P), lrnn::cuda::stream()>>>(

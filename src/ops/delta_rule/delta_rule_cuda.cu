@@ -1029,16 +1029,7 @@ int padded_dk(int Dk) {
   return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
 }
 
-int device_attr(cudaDeviceAttr what) {
-  int dev = 0, x = 0;
-  LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-  LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&x, what, dev));
-  return x;
-}
-int max_smem_optin() {
-  static const int v = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return v;
-}
+using ::lrnn::cuda::max_smem_optin;
 
 // Allows the kernel the device's whole opt-in shared memory (once per kernel).
 template <auto Kernel>

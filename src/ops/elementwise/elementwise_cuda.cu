@@ -27,7 +27,20 @@ __global__ void to_bf16_tail(__nv_bfloat16* y, const float* x, size_t from, size
   size_t i = from + size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
+__global__ void add_partials_kernel(float* __restrict__ out, const float* __restrict__ part, int parts, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = 0.f;
+  for (int p = 0; p < parts; ++p) s += part[size_t(p) * n + i];
+  out[i] += s;
+}
 }  // namespace
+
+void add_partials(float* out, const float* part, int parts, size_t n) {
+  if (!n) return;
+  add_partials_kernel<<<lrnn::cuda::blocks_for(n, 256), 256, 0, lrnn::cuda::stream()>>>(out, part, parts, n);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
 
 void to_bf16(bf16* y_, const float* x, size_t n) {
   if (!n) return;

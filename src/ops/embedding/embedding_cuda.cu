@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include "cuda/runtime.h"
+#include "ops/elementwise/elementwise_cuda.h"
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -151,15 +152,6 @@ __global__ void __launch_bounds__(kDetWarps * 32) embedding_backward_partials(fl
   }
 }
 
-// dW[i] += sum_p part[p][i] in order p = 0..P-1.
-__global__ void embedding_backward_sum(float* __restrict__ dW, const float* __restrict__ part, int P, int VC) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= VC) return;
-  float s = 0.f;
-  for (int p = 0; p < P; ++p) s += part[size_t(p) * VC + i];
-  dW[i] += s;
-}
-
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tok, const float* W, int N, int C, int V) {
@@ -199,9 +191,7 @@ void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N,
     embedding_backward_partials<<<grid, kDetWarps * 32, smem, s>>>(part, reinterpret_cast<const float4*>(dout), tok,
                                                                     N, C4, V, per_block);
     LRNN_CUDA_LAUNCH_CHECK();
-    const int VC = V * C;
-    embedding_backward_sum<<<(VC + 255) / 256, 256, 0, s>>>(dW, part, P, VC);
-    LRNN_CUDA_LAUNCH_CHECK();
+    add_partials(dW, part, P, size_t(V) * C);
     return;
   }
   const dim3 grid((N + kChunk - 1) / kChunk, (C + kTile - 1) / kTile);

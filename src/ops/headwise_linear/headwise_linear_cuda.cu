@@ -8,6 +8,7 @@
 #include "ops/headwise_linear/headwise_linear_cuda.h"
 #include <algorithm>
 #include "cuda/runtime.h"
+#include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
 
 namespace lrnn::ops::cuda {
@@ -115,13 +116,6 @@ __global__ void __launch_bounds__(kThreads) hw_partial_kernel(float* __restrict_
     if (w < nw) part[size_t(blockIdx.x) * nw + w] = acc[k];
   }
 }
-__global__ void hw_sum_partials(float* __restrict__ out, const float* __restrict__ part, int chunks, int nw) {
-  const int w = blockIdx.x * blockDim.x + threadIdx.x;
-  if (w >= nw) return;
-  float s = 0.f;
-  for (int c = 0; c < chunks; ++c) s += part[size_t(c) * nw + w];
-  out[w] += s;
-}
 
 // out (nw weights) += the narrow-block reduction over N rows; false if it does not apply.
 bool hw_reduce_two_pass(float* out, const float* dy, const float* x, int N, int nw, int I, int O, int ldx, int ldy) {
@@ -133,9 +127,7 @@ bool hw_reduce_two_pass(float* out, const float* dy, const float* x, int N, int 
   float* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(used) * nw * sizeof(float)));
   hw_partial_kernel<<<unsigned(used), kThreads, 0, ::lrnn::cuda::stream()>>>(part, dy, x, N, R, nw, I, O, ldx, ldy);
   LRNN_CUDA_LAUNCH_CHECK();
-  hw_sum_partials<<<unsigned((nw + kThreads - 1) / kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(out, part, used,
-                                                                                                    nw);
-  LRNN_CUDA_LAUNCH_CHECK();
+  add_partials(out, part, used, size_t(nw));
   return true;
 }
 

@@ -244,22 +244,14 @@ __global__ void mlstm_backward_kernel(float* __restrict__ dq, float* __restrict_
   }
 }
 
-int smem_optin() {
-  static const int v = [] {
-    int dev = 0, s = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&s, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return s;
-  }();
-  return v;
-}
+using ::lrnn::cuda::max_smem_optin;
 
 template <class K>
 void allow_smem(K kernel, size_t smem, bool& done) {
-  LRNN_CHECK(smem <= size_t(smem_optin()), "mLSTM head dim too large for the CUDA kernel ({} bytes of shared memory)",
+  LRNN_CHECK(smem <= size_t(max_smem_optin()), "mLSTM head dim too large for the CUDA kernel ({} bytes of shared memory)",
              smem);
   if (smem > 48 * 1024 && !done) {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+    LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem_optin()));
     done = true;
   }
 }

@@ -143,15 +143,7 @@ __global__ void slstm_backward_kernel(float* __restrict__ dwx, float* __restrict
     for (int e = threadIdx.x; e < D * G4; e += blockDim.x) atomicAdd(dRh + e, dRs[e]);
 }
 
-int smem_optin() {
-  static const int v = [] {
-    int dev = 0, s = 0;
-    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
-    LRNN_CUDA_CHECK(cudaDeviceGetAttribute(&s, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return s;
-  }();
-  return v;
-}
+using ::lrnn::cuda::max_smem_optin;
 
 }  // namespace
 
@@ -173,13 +165,13 @@ void slstm_backward(float* dwx, float* dR, float* dbias, const float* dy, const 
   if (d.T == 0) return;
   const size_t base = size_t(12) * d.D * sizeof(float);
   const size_t full = base + size_t(4) * d.D * d.D * sizeof(float);
-  const bool use_smem = dR && full <= size_t(smem_optin());
+  const bool use_smem = dR && full <= size_t(max_smem_optin());
   const size_t smem = use_smem ? full : base;
   if (smem > 48 * 1024) {
     static bool set = false;  // the opt-in, once (before any graph capture uses it)
     if (!set) {
       LRNN_CUDA_CHECK(cudaFuncSetAttribute(slstm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           smem_optin()));
+                                           max_smem_optin()));
       set = true;
     }
   }
