@@ -941,6 +941,17 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
     }
   };
   const Rows ur{a.ckpt_in + a.u_off + size_t(bh) * a.T * nh * a.Dv, nh * a.Dv, a.Dv};
+  // With a gate: S advances through token tt of the staged chunk with the stored u (the gate,
+  // then the sub-steps' rank-1 updates; no dot products).
+  auto replay = [&](int tt) {
+    const float at = w[L.g + tt];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) S[i] *= at;
+    for (int j = 0; j < nh; ++j) {
+      const int r = tt * nh + j;
+      lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.v + r * 32 + lane], m);
+    }
+  };
   for (int ci = a.nchunks - 1; ci >= 0; --ci) {
     const int t0 = ci * kC, nt = min(kC, a.T - t0);
     lane_stage<DK, NH>(w, L, a, s, ur, t0, nt, lane);
@@ -954,13 +965,7 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
 #pragma unroll
           for (int i = 0; i < DK; ++i) sp[i * 32] = S[i];
         }
-        const float at = w[L.g + tt];
-#pragma unroll
-        for (int i = 0; i < DK; ++i) S[i] *= at;
-        for (int j = 0; j < nh; ++j) {
-          const int r = tt * nh + j;
-          lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.v + r * 32 + lane], m);
-        }
+        replay(tt);
       }
     } else {
       load_state(ci + 1);  // the state after the chunk's last token
@@ -974,15 +979,7 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
         const float* sp = w + L.st + (tk / kG) * DK * 32 + lane;
 #pragma unroll
         for (int i = 0; i < DK; ++i) S[i] = sp[i * 32];
-        for (int y = tk; y <= tt; ++y) {
-          const float ay = w[L.g + y];
-#pragma unroll
-          for (int i = 0; i < DK; ++i) S[i] *= ay;
-          for (int j = 0; j < nh; ++j) {
-            const int r = y * nh + j;
-            lane_axpy<DK>(S, w + L.k + r * DK, w[L.b + r] * w[L.v + r * 32 + lane], m);
-          }
-        }
+        for (int y = tk; y <= tt; ++y) replay(y);
       }
       // o_t = scale S^T q with S the state after token t:  dq = scale S do ; dS += scale q do^T
       const float dot = w[L.dout + tt * 32 + lane];  // 0 in lanes >= Dv
