@@ -335,6 +335,13 @@ void check_forget_gate(int N, int H, int lda, bool with_sums, uint64_t seed) {
     }
   expect_close(DA.download(), dA, sum_atol(max_of(absA)), kSumRtol, "forget_gate dA_log");
   expect_close(DDB.download(), dB, sum_atol(max_of(absB)), kSumRtol, "forget_gate ddt_bias");
+  if (with_sums) {  // the sums have a fixed order: a second run gives the same bits
+    auto DA2 = to_device(dA0), DDB2 = to_device(dB0);
+    gpu::forget_gate_backward(Da.data(), DA2.data(), DDB2.data(), Dg.data(), Aa.data(), AL.data(), DB.data(), N, H,
+                              lda);
+    EXPECT_EQ(DA2.download(), DA.download()) << "forget_gate dA_log differs between runs";
+    EXPECT_EQ(DDB2.download(), DDB.download()) << "forget_gate ddt_bias differs between runs";
+  }
 }
 
 TEST(CudaElementwise, ForgetGate) {
@@ -343,7 +350,8 @@ TEST(CudaElementwise, ForgetGate) {
   check_forget_gate(37, 4, 0, false, 31);      // dA_log, ddt_bias null
   check_forget_gate(37, 4, 13, true, 32);      // logits inside a fused projection row
   check_forget_gate(101, 3, 0, true, 33);      // H not a power of two
-  check_forget_gate(61, 40, 45, true, 34);     // H >= 32 (per-thread atomics)
+  check_forget_gate(61, 40, 45, true, 34);     // H >= 32
+  check_forget_gate(50, 300, 0, true, 36);     // H > a block's threads
   check_forget_gate(70000, 4, 9, true, 35);    // more elements than the capped grid has threads
 }
 
@@ -387,6 +395,12 @@ void check_gated_rmsnorm(int N, int heads, int D, int ldg, bool with_dw, double 
       abs_terms[c] += std::fabs(double(dy[r * D + c]) * silu_d(g[n * lg + h * D + c]) * x[r * D + c] * rstd[r]);
   }
   expect_close(Dw.download(), dw, sum_atol(max_of(abs_terms)), kSumRtol, "gated_rmsnorm dw");
+  if (with_dw) {  // dw has a fixed summation order: a second run gives the same bits
+    auto Dw2 = to_device(dw0);
+    gpu::gated_rmsnorm_backward(Dx.data(), Dg.data(), Dw2.data(), Dy.data(), X.data(), Gt.data(), Wt.data(),
+                                Rstd.data(), N, heads, D, ldg);
+    EXPECT_EQ(Dw2.download(), Dw.download()) << "gated_rmsnorm dw differs between runs";
+  }
 }
 
 TEST(CudaElementwise, GatedRmsNorm) {

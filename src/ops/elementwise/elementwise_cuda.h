@@ -7,7 +7,7 @@ void add_inplace(float* y, const float* x, size_t n);
 void zero(float* p, size_t n);
 // y = bf16(x), rounded to nearest even (NaN stays NaN): weights and gradients entering bf16 GEMMs.
 void to_bf16(bf16* y, const float* x, size_t n);
-// out[i] += part[0 * n + i] + part[1 * n + i] + ... in that order (part: [parts][n]): the second
-// pass of the ops' fixed-order, deterministic reductions.
+// out[i] += the sum over p of part[p * n + i] (part: [parts][n]), in an order fixed by parts and n
+// alone: the second pass of the ops' deterministic reductions.
 void add_partials(float* out, const float* part, int parts, size_t n);
 }  // namespace lrnn::ops::cuda

@@ -2,10 +2,13 @@
 //
 // Forward: one thread per (token, head). Backward: threads walk the flattened [N, H] grid with a
 // stride S that is a multiple of H, so every thread stays on one head and sums its dA_log /
-// ddt_bias terms in registers; a block then adds the partials of each head in shared memory
-// and issues one atomicAdd per head (per sum) — the order of those atomics is not deterministic.
+// ddt_bias terms in registers; a block then adds the partials of each head in shared memory, in
+// thread order, and writes them to the device scratch as [block][H], which add_partials sums in
+// block order: deterministic. (Where [blocks][H] does not fit the scratch, H > 512, the blocks
+// atomicAdd their partials instead, in a varying order.)
 #include "ops/forget_gate/forget_gate_cuda.h"
 #include "cuda/runtime.h"
+#include "ops/elementwise/elementwise_cuda.h"
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -31,7 +34,7 @@ template <bool Acc>
 __global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
     float* __restrict__ da, float* __restrict__ dA_log, float* __restrict__ ddt_bias, const float* __restrict__ dg,
     const float* __restrict__ a, const float* __restrict__ A_log, const float* __restrict__ dt_bias, int N, int H,
-    int lda, long long S) {
+    int lda, long long S, float* __restrict__ partA, float* __restrict__ partB) {
   __shared__ float sA[kThreads], sB[kThreads];
   const long long gid = (long long)blockIdx.x * kThreads + threadIdx.x;
   const long long total = (long long)N * H;
@@ -49,21 +52,12 @@ __global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
     }
   }
   if (!dA_log && !ddt_bias) return;  // uniform over the block
-  if (H >= 32) {
-    // Few threads share a head within a block: one atomic per thread.
-    if (gid < S) {
-      if (dA_log) atomicAdd(dA_log + h, accA);
-      if (ddt_bias) atomicAdd(ddt_bias + h, accB);
-    }
-    return;
-  }
   sA[threadIdx.x] = accA;  // 0 for idle threads
   sB[threadIdx.x] = accB;
   __syncthreads();
-  if (threadIdx.x < H) {
-    // Threads t of this block with (blockIdx.x * kThreads + t) % H == threadIdx.x.
-    const int hh = threadIdx.x;
-    const int base = int(((long long)blockIdx.x * kThreads) % H);
+  // Head hh's partial of this block: its threads t with (blockIdx.x * kThreads + t) % H == hh.
+  const int base = int(((long long)blockIdx.x * kThreads) % H);
+  for (int hh = threadIdx.x; hh < H; hh += kThreads) {
     int t0 = hh - base;
     if (t0 < 0) t0 += H;
     float sa = 0.f, sb = 0.f;
@@ -71,8 +65,13 @@ __global__ void __launch_bounds__(kThreads) forget_gate_backward_kernel(
       sa += sA[t];
       sb += sB[t];
     }
-    if (dA_log) atomicAdd(dA_log + hh, sa);
-    if (ddt_bias) atomicAdd(ddt_bias + hh, sb);
+    if (partA) {
+      partA[size_t(blockIdx.x) * H + hh] = sa;
+      partB[size_t(blockIdx.x) * H + hh] = sb;
+    } else {
+      if (dA_log) atomicAdd(dA_log + hh, sa);
+      if (ddt_bias) atomicAdd(ddt_bias + hh, sb);
+    }
   }
 }
 
@@ -95,9 +94,20 @@ void forget_gate_backward(float* da, float* dA_log, float* ddt_bias, const float
   long long S = total < kMaxThreads ? total : kMaxThreads;
   S = (S + H - 1) / H * H;  // a multiple of H, >= H
   auto kernel = accumulate ? forget_gate_backward_kernel<true> : forget_gate_backward_kernel<false>;
-  kernel<<<::lrnn::cuda::blocks_for(size_t(S), kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
-      da, dA_log, ddt_bias, dg, a, A_log, dt_bias, N, H, lda, S);
+  const unsigned blocks = ::lrnn::cuda::blocks_for(size_t(S), kThreads);
+  const size_t part_floats = size_t(blocks) * H;
+  float *partA = nullptr, *partB = nullptr;
+  if ((dA_log || ddt_bias) && 2 * part_floats * sizeof(float) <= (size_t(1) << 20)) {
+    partA = static_cast<float*>(::lrnn::cuda::scratch(2 * part_floats * sizeof(float)));
+    partB = partA + part_floats;
+  }
+  kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(da, dA_log, ddt_bias, dg, a, A_log, dt_bias, N, H, lda, S,
+                                                          partA, partB);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (partA) {
+    if (dA_log) add_partials(dA_log, partA, int(blocks), size_t(H));
+    if (ddt_bias) add_partials(ddt_bias, partB, int(blocks), size_t(H));
+  }
 }
 
 }  // namespace lrnn::ops::cuda

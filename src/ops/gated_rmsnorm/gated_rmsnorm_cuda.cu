@@ -1,11 +1,13 @@
 // CUDA gated RMSNorm (contract: gated_rmsnorm_cuda.h / gated_rmsnorm.h): one warp per row of D.
 //
 // Backward: dw [D] is summed per warp into its own slice of shared memory (each lane owns
-// channels lane, lane + 32, ...), the slices of a block are added and the block issues one
-// atomicAdd per channel. The grid is capped so a warp walks several rows; the order of the
-// atomics is not deterministic.
+// channels lane, lane + 32, ...), the slices of a block are added in warp order and written to
+// the device scratch as [block][D], which add_partials sums in block order: deterministic. The
+// grid is capped so a warp walks several rows. (Where the partials do not fit the scratch, or
+// the slices do not fit shared memory: atomics in a varying order; D > 256 only.)
 #include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
 #include "cuda/runtime.h"
+#include "ops/elementwise/elementwise_cuda.h"
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -49,7 +51,7 @@ template <bool Acc>
 __global__ void __launch_bounds__(kThreads) gated_rmsnorm_backward_kernel(
     float* __restrict__ dx, float* __restrict__ dg, float* __restrict__ dw, const float* __restrict__ dy,
     const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ w,
-    const float* __restrict__ rstd, int R, int heads, int D, int ldg, bool use_smem) {
+    const float* __restrict__ rstd, int R, int heads, int D, int ldg, bool use_smem, float* __restrict__ dw_part) {
   extern __shared__ float part[];  // [kWarps][D]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* mine = part + size_t(warp) * D;
@@ -88,7 +90,8 @@ __global__ void __launch_bounds__(kThreads) gated_rmsnorm_backward_kernel(
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < kWarps; ++k) s += part[size_t(k) * D + c];
-    atomicAdd(dw + c, s);
+    if (dw_part) dw_part[size_t(blockIdx.x) * D + c] = s;
+    else atomicAdd(dw + c, s);
   }
 }
 
@@ -114,9 +117,13 @@ void gated_rmsnorm_backward(float* dx, float* dg, float* dw, const float* dy, co
   unsigned blocks = ::lrnn::cuda::blocks_for(size_t(R), kWarps);
   if (blocks > unsigned(kMaxBlocks)) blocks = kMaxBlocks;
   auto kernel = accumulate ? gated_rmsnorm_backward_kernel<true> : gated_rmsnorm_backward_kernel<false>;
+  float* dw_part = nullptr;
+  if (use_smem && size_t(blocks) * D * sizeof(float) <= (size_t(1) << 20))
+    dw_part = static_cast<float*>(::lrnn::cuda::scratch(size_t(blocks) * D * sizeof(float)));
   kernel<<<blocks, kThreads, use_smem ? smem_need : 0, ::lrnn::cuda::stream()>>>(dx, dg, dw, dy, x, g, w, rstd, int(R),
-                                                                                heads, D, ldg, use_smem);
+                                                                                heads, D, ldg, use_smem, dw_part);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (dw_part) add_partials(dw, dw_part, int(blocks), size_t(D));
 }
 
 }  // namespace lrnn::ops::cuda
