@@ -37,6 +37,8 @@ TEST(OpGrad, Embedding) {
   std::vector<int32_t> bad{0, 4};
   std::vector<double> out(2 * C);
   EXPECT_THROW(embedding_forward(out.data(), bad.data(), W.data(), 2, C, V), Error);
+  std::vector<double> dW(V * C, 0.0);
+  EXPECT_THROW(embedding_backward(dW.data(), out.data(), bad.data(), 2, C, V), Error);
 }
 
 TEST(OpGrad, RMSNorm) {

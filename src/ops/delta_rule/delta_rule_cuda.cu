@@ -1167,11 +1167,12 @@ void zero_grad(float* p, long long rows, int cols, long long ld) {
 template <int DKP>
 void backward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
-    // Two builds of the lane backward: unbounded registers (185 at DK = 32 per ptxas -v: 8 warps
-    // per SM, no spills) and capped at 128 (16 warps per SM, ~160 bytes spilled). Measured on the
-    // H200 (P1 shapes, T = 40, tests' DISABLED_Timing): the capped one wins when there are many
-    // sequences per SM (B = 1024, 31 per SM: 185 vs 208 us) and loses with few (B = 256, 7.8 per
-    // SM: 66 vs 53 us); the switch sits between the two measured points, at 12 sequences per SM.
+    // Two builds of the lane backward: unbounded registers (164-190 at DK = 32 per ptxas -v: 8
+    // warps per SM, no spills) and capped at 128 (16 warps per SM, 64-164 bytes spilled). Measured
+    // on the H200 (P1 shapes, T = 40, tests' DISABLED_Timing, before n_h became a compile-time
+    // case): the capped one wins when there are many sequences per SM (B = 1024, 31 per SM: 185
+    // vs 208 us) and loses with few (B = 256, 7.8 per SM: 66 vs 53 us); the switch sits between
+    // the two measured points, at 12 sequences per SM.
     // (A cap of 96 registers, 20 warps per SM, spills ~600 bytes and runs 3x slower.)
     a.vec = vec_rows(a, true);
     const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();

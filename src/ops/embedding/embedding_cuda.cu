@@ -6,8 +6,8 @@
 //   deterministic, two passes. Pass 1: block p takes a contiguous range of tokens and a tile of
 //   128 channels; each of its 8 warps sums every 8th token's dout row (a lane per 4 channels,
 //   float4) into its own [V][128] table in shared memory, in token order; the 8 tables are added
-//   in warp order and written as partials[p][V][C] to the device scratch. Pass 2 adds each
-//   element's partials in block order. The order of every sum is fixed by N, C and V alone, so
+//   in warp order and written as partials[p][V][C] to the device scratch. Pass 2 (add_partials)
+//   adds each element's partials in an order fixed by their count. The order of every sum is fixed by N, C and V alone, so
 //   runs repeat bit for bit. (With atomics, a differing order changed the loss by an ulp, which
 //   TF32 and bf16 roundings then amplified: two runs were 3e-5 apart after 20 steps.)
 //   Otherwise each block ranks (sorts) its chunk of 256 tokens in shared memory and walks them in

@@ -3,8 +3,8 @@
 // Forward: one thread per (token, head). Backward: threads walk the flattened [N, H] grid with a
 // stride S that is a multiple of H, so every thread stays on one head and sums its dA_log /
 // ddt_bias terms in registers; a block then adds the partials of each head in shared memory, in
-// thread order, and writes them to the device scratch as [block][H], which add_partials sums in
-// block order: deterministic. (Where [blocks][H] does not fit the scratch, H > 512, the blocks
+// thread order, and writes them to the device scratch as [block][H], which add_partials sums in a
+// fixed order: deterministic. (Where [blocks][H] does not fit the scratch, H > 512, the blocks
 // atomicAdd their partials instead, in a varying order.)
 #include "ops/forget_gate/forget_gate_cuda.h"
 #include "cuda/runtime.h"

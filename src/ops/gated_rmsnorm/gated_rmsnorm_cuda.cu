@@ -2,7 +2,7 @@
 //
 // Backward: dw [D] is summed per warp into its own slice of shared memory (each lane owns
 // channels lane, lane + 32, ...), the slices of a block are added in warp order and written to
-// the device scratch as [block][D], which add_partials sums in block order: deterministic. The
+// the device scratch as [block][D], which add_partials sums in a fixed order: deterministic. The
 // grid is capped so a warp walks several rows. (Where the partials do not fit the scratch, or
 // the slices do not fit shared memory: atomics in a varying order; D > 256 only.)
 #include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"

@@ -9,8 +9,9 @@
 // its states in registers (state n = g NS + j for lane g of the group, j < NS), and the sums
 // over n are a butterfly of log2(G) __shfl_xor over the group (which leaves the same sum in
 // every lane of it). N <= 8: G = 1, NS = 4/8 (the smallest that holds N); N <= 16: G = 2,
-// NS = 8; larger N: NS = 16, G = N/16 rounded up to a power of two (at most 32, so N <= 512). States n >= N are padding:
-// A = 0 and B = C = 0 there, so they stay exactly zero and contribute nothing.
+// NS = 8; larger N: NS = 16, G = N/16 rounded up to a power of two (at most 32, so N <= 512).
+// States n >= N are padding: A = 0 and B = C = 0 there, so they stay exactly zero and contribute
+// nothing.
 // grid = (channel tiles, B): every block works on one sequence, and a warp on 32/G channels.
 //
 // Forward: each thread runs through the sequence, writing y and, at chunk starts, its states
