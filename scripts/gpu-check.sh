@@ -36,8 +36,10 @@ pack() {
   # Shared libraries from our Debian packages (not glibc, libstdc++, CUDA: those are there).
   ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|yaml-cpp|fmt|gomp' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
-  # OpenBLAS alone is 36 MB: compressed, the pack stays well under what a device call carries.
-  tar cJf "$dir/lib.tar.xz" -C "$dir" lib && rm -rf "$dir/lib"
+  # Compressed (OpenBLAS alone is 36 MB, each binary ~18 MB), the pack stays well under what a
+  # device call carries; --prebuilt unpacks it.
+  tar cf - -C "$dir" lrnn tests bench lib | xz -T0 -6 >"$dir/pack.tar.xz"
+  rm -rf "$dir/lrnn" "$dir/tests" "$dir/bench" "$dir/lib"
   echo "$(cd "$ROOT" && pwd)" >"$dir/BUILT_IN"
   echo "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src tests bench || echo +changes)" \
     >"$dir/COMMIT"
@@ -108,9 +110,10 @@ case "$MODE" in
     pack "$PACK"
     ;;
   --prebuilt)
-    [[ -n "$PACK" && -x "$PACK/lrnn" ]] || { echo "usage: $0 --prebuilt DIR (made by --pack)" >&2; exit 2; }
+    [[ -n "$PACK" && ( -x "$PACK/lrnn" || -f "$PACK/pack.tar.xz" ) ]] ||
+      { echo "usage: $0 --prebuilt DIR (made by --pack)" >&2; exit 2; }
     PACK=$(cd "$PACK" && pwd)
-    [[ -d "$PACK/lib" ]] || tar xJf "$PACK/lib.tar.xz" -C "$PACK"
+    [[ -x "$PACK/lrnn" ]] || xz -dc "$PACK/pack.tar.xz" | tar xf - -C "$PACK"
     built_in=$(cat "$PACK/BUILT_IN")
     if [[ "$built_in" != "$ROOT" ]]; then  # the tests look for the binary and data at the build path
       mkdir -p "$(dirname "$built_in")"

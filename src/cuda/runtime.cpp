@@ -70,7 +70,7 @@ struct Context {
   static constexpr int kEvents = 64;
   cudaEvent_t events[kEvents] = {};
   int next_event = 0, last_ticket = -1;
-  static constexpr size_t kScratch = 1 << 20, kWorkspace = 32 << 20;
+  static constexpr size_t kScratch = kScratchBytes, kWorkspace = 32 << 20;
 
   Context() {
     LRNN_CHECK(available(), "CUDA was asked for, but no CUDA device is available");

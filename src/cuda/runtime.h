@@ -69,7 +69,8 @@ void* lt_workspace();
 constexpr size_t kLtWorkspace = 32 << 20;
 
 // Device scratch for reductions within a single op call (stream-ordered, so calls may reuse it):
-// at least `bytes` (<= 1 MiB), 256-byte aligned. Allocated once, before any capture.
+// at least `bytes` (<= kScratchBytes), 256-byte aligned. Allocated once, before any capture.
+constexpr size_t kScratchBytes = 8 << 20;
 void* scratch(size_t bytes);
 
 // An owning device allocation of n elements of T (cudaMalloc; contents undefined).

@@ -167,9 +167,10 @@ struct SlstmCase {
   uint64_t seed = 1;
 };
 
-void check_slstm(const SlstmCase& c) {
+void check_slstm_with(const SlstmCase& c, bool block) {
   const std::string what = "slstm B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" +
-                           std::to_string(c.H) + " D=" + std::to_string(c.D) + " wx=" + std::to_string(c.wx_scale);
+                           std::to_string(c.H) + " D=" + std::to_string(c.D) + " wx=" + std::to_string(c.wx_scale) +
+                           (block ? " block" : " auto");
   const int C = c.H * c.D, lx = 4 * C + c.pad;
   const size_t N = size_t(c.B) * c.T;
   ops::SLSTMDims d{c.B, c.T, c.H, c.D, lx};
@@ -196,6 +197,23 @@ void check_slstm(const SlstmCase& c) {
   near(gdwx.download(), dwx, c.tol, what + " dwx");
   near(gdR.download(), dR, 10 * c.tol, what + " dR");
   near(gdb.download(), db, 10 * c.tol, what + " dbias");
+  if (!block && (c.D == 8 || c.D == 16 || c.D == 32)) {  // the lane kernels' sums: a fixed order
+    auto gdwx2 = to_device(dwx0), gdR2 = to_device(dR0), gdb2 = to_device(db0);
+    ops::cuda::slstm_backward(gdwx2.data(), gdR2.data(), gdb2.data(), gdy.data(), gwx.data(), gR.data(), gb.data(),
+                              gy.data(), d, gsaved.data());
+    cuda::synchronize();
+    EXPECT_EQ(gdR2.download(), gdR.download()) << what << " dR repeat";
+    EXPECT_EQ(gdb2.download(), gdb.download()) << what << " dbias repeat";
+  }
+}
+
+// Both kernel families (lane, block) against the CPU.
+void check_slstm(const SlstmCase& c) {
+  for (auto kern : {ops::cuda::SlstmKernel::Auto, ops::cuda::SlstmKernel::Block}) {
+    ops::cuda::set_slstm_kernel(kern);
+    check_slstm_with(c, kern == ops::cuda::SlstmKernel::Block);
+  }
+  ops::cuda::set_slstm_kernel(ops::cuda::SlstmKernel::Auto);
 }
 
 TEST(XlstmCuda, SlstmCellMatchesCpu) {
@@ -204,6 +222,9 @@ TEST(XlstmCuda, SlstmCellMatchesCpu) {
   check_slstm({2, 29, 3, 5, 7});            // odd head dim, padded token stride
   check_slstm({2, 21, 1, 64, 0, 1.0, 0.1}); // dR in shared memory at the opt-in size
   check_slstm({1, 9, 2, 1});                // head dim 1
+  check_slstm({9, 40, 4, 32, 3});           // the P1 model's layer (4 heads of 32), padded stride
+  check_slstm({70, 12, 2, 32});             // many blocks per head, a part-filled last block
+  check_slstm({37, 10, 3, 8});              // four sequences per warp, the last warp part-filled
 }
 
 TEST(XlstmCuda, SlstmCellSaturatedGates) {
@@ -228,10 +249,11 @@ struct MlstmCase {
   uint64_t seed = 1;
 };
 
-void check_mlstm(const MlstmCase& c) {
+void check_mlstm_with(const MlstmCase& c, bool recurrent) {
   const std::string what = "mlstm B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" +
                            std::to_string(c.H) + " D=" + std::to_string(c.D) + (c.strided ? " strided" : "") +
-                           " gates=" + std::to_string(c.gate_scale) + (c.ckpt ? "" : " no-ckpt");
+                           " gates=" + std::to_string(c.gate_scale) + (c.ckpt ? "" : " no-ckpt") +
+                           (recurrent ? " recurrent" : " auto");
   const int C = c.H * c.D;
   const size_t N = size_t(c.B) * c.T;
   const int lqkv = c.strided ? 3 * C + 1 : C, lg = c.strided ? 2 * c.H + 3 : c.H;
@@ -257,12 +279,22 @@ void check_mlstm(const MlstmCase& c) {
                             gk.data(), gv.data(), gi.data(), gf.data(), d, c.ckpt ? gck.data() : nullptr);
   cuda::synchronize();
   near(gh.download(), h, c.tol, what + " h");
-  near(gck.download(), ckpt, c.tol, what + " ckpt");
+  if (recurrent) near(gck.download(), ckpt, c.tol, what + " ckpt");
   near(gdq.download(), dq, c.tol, what + " dq");
   near(gdk.download(), dk, c.tol, what + " dk");
   near(gdv.download(), dv, c.tol, what + " dv");
   near(gdi.download(), di, c.tol, what + " digate");
   near(gdf.download(), df, c.tol, what + " dfgate");
+}
+
+// Both kernel families (tile, recurrent) against the CPU; the checkpoints only where the
+// recurrent forward runs (the tile kernels neither write nor read them).
+void check_mlstm(const MlstmCase& c) {
+  for (auto kern : {ops::cuda::MlstmKernel::Auto, ops::cuda::MlstmKernel::Recurrent}) {
+    ops::cuda::set_mlstm_kernel(kern);
+    check_mlstm_with(c, kern == ops::cuda::MlstmKernel::Recurrent);
+  }
+  ops::cuda::set_mlstm_kernel(ops::cuda::MlstmKernel::Auto);
 }
 
 TEST(XlstmCuda, MlstmCellMatchesCpu) {
@@ -271,6 +303,9 @@ TEST(XlstmCuda, MlstmCellMatchesCpu) {
   check_mlstm({2, 37, 2, 7, true});         // odd head dim, fused strided inputs
   check_mlstm({1, 40, 2, 32, true});        // the model's head dim
   check_mlstm({2, 19, 1, 64});              // two warps per block
+  check_mlstm({3, 40, 4, 64, true});        // the P1 model's layer (4 heads of 64, T = 40)
+  check_mlstm({2, 64, 2, 64, true});        // the largest tile at D = 64
+  check_mlstm({2, 70, 1, 64});              // past it: Auto runs the recurrent kernels
   check_mlstm({1, 23, 2, 16, false, 1.0, 1e-4, false});  // backward without checkpoints
 }
 

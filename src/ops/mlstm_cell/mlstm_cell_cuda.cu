@@ -1,6 +1,8 @@
-// CUDA mLSTM cell (contract: mlstm_cell_cuda.h / mlstm_cell.h). One block per (batch row b, head
-// h), one thread per row i / column j of the D x D state C (row-padded in shared memory, so row
-// and column walks are both free of bank conflicts), walking the tokens in order.
+// CUDA mLSTM cell (contract: mlstm_cell_cuda.h / mlstm_cell.h). Two kernel families: the tile
+// kernels (the parallel form, below) where a sequence fits in shared memory, and for longer ones
+// the recurrent kernels: one block per (batch row b, head h), one thread per row i / column j of
+// the D x D state C (row-padded in shared memory, so row and column walks are both free of bank
+// conflicts), walking the tokens in order.
 // Forward: thread j updates column j of C and forms (C^T q)_j; thread i updates n_i; n . q is a
 // block reduction. The state at every chunk start (t % kMLSTMChunk == 0) goes to ckpt in the
 // CPU layout [B*H][chunks][D*D + D + 1].
@@ -11,6 +13,10 @@
 #include "ops/mlstm_cell/mlstm_cell_cuda.h"
 #include "core/check.h"
 #include "cuda/runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -244,7 +250,348 @@ __global__ void mlstm_backward_kernel(float* __restrict__ dq, float* __restrict_
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tile kernels: the parallel (quadratic) form, which the recurrence above equals (the xlstm
+// package's own `parallel_stabilized_simple`). With F_i = sum_{s<=i} lf_s (in double, so the
+// differences below keep full precision) and m_i the recurrent stabiliser:
+//   w_ij = exp(F_i - F_j + igate_j - m_i)  (j <= i),  c_ij = (q_i . k_j / sqrt(D)) w_ij,
+//   r_i = sum_j c_ij,  nrm_i = max(|r_i|, exp(-m_i)) + eps,  h_i = sum_j c_ij v_j / nrm_i.
+// One block per (b,h) holds the rows of q, k, v (and dh) and the T x T matrices in shared memory.
+// Backward, with dp_ij = dh_i . v_j:
+//   dh_i . h_i = sum_j c_ij dp_ij / nrm_i,  dnrm_i = -(dh_i . h_i) / nrm_i,
+//   dr_i = sign(r_i) dnrm_i where |r_i| >= exp(-m_i) (else 0),  dc_ij = dp_ij / nrm_i + dr_i,
+//   dq_i = sum_j dc_ij w_ij k_j / sqrt(D),  dk_j = sum_i dc_ij w_ij q_i / sqrt(D),
+//   dv_j = sum_i c_ij dh_i / nrm_i,  dL_ij = dc_ij c_ij (the gradient of the exponent),
+//   digate_j = sum_{i>=j} dL_ij,  dlf_s = sum_{i>=s} sum_{j<s} dL_ij.
+// The stabiliser: c, r and exp(-m) all scale with exp(-m_i), so the output depends on m_i only
+// through eps: dm_i = eps dnrm_i, routed through the recurrence's max exactly as the recurrent
+// backward routes it (to lf_t while the forget branch attains the max, else to igate_t).
+// No checkpoints: the backward rebuilds everything from q, k, v and the gates.
+constexpr int kTileThreads = 128;
+constexpr size_t kTileMaxSmem = 128 * 1024;  // above this (backward) the recurrent kernels run
+
+// Layout: rows of q, k, v (dh) padded to TR = T rounded up to 4 rows (zeros) and to DP floats
+// (D + 4 where the head dim is a compile-time 16/32/64 and rows are read as float4, else D + 1:
+// either way a warp reading consecutive rows hits distinct banks); the T x T matrices as TR x TR
+// (row stride TR, a multiple of 4: read as float4 along rows and, four columns at a time, down
+// columns), zero outside j <= i < T.
+__host__ __device__ inline int tile_rows(int T) { return (T + 3) & ~3; }
+__host__ __device__ inline int tile_dp(int D) { return (D == 16 || D == 32 || D == 64) ? D + 4 : D + 1; }
+struct TileSmem {
+  int q, k, v, dh, w, c, x, vec, f, total;  // offsets in floats (f: T doubles, 8-byte aligned)
+};
+__host__ __device__ inline TileSmem tile_smem(int T, int D, bool bwd) {
+  const int TR = tile_rows(T), rows = TR * tile_dp(D), mat = TR * TR;
+  TileSmem s{};
+  int o = 0;
+  s.q = o; o += rows;
+  s.k = o; o += rows;
+  s.v = o; o += rows;
+  s.dh = o; o += bwd ? rows : 0;
+  s.c = o; o += mat;
+  s.w = o; o += bwd ? mat : 0;
+  s.x = o; o += bwd ? mat : 0;
+  s.vec = o; o += 10 * T;  // per-token vectors (lf, igate, m, per-row stats, gate sums)
+  o = (o + 1) & ~1;
+  s.f = o; o += 2 * T;
+  s.total = o;
+  return s;
+}
+
+// T rows of D floats (token stride ld) into shared rows of DP, rows T..TR-1 zero.
+__device__ __forceinline__ void load_rows(float* dst, const float* src, int T, int D, int DP, int ld) {
+  const int TR = tile_rows(T);
+  for (int x = threadIdx.x; x < TR * D; x += blockDim.x) {
+    const int t = x / D, c = x - t * D;
+    dst[t * DP + c] = t < T ? src[size_t(t) * ld + c] : 0.f;
+  }
+}
+// DT: the head dim at compile time (16, 32, 64: float4 rows), or 0 (any D, scalar).
+template <int DT>
+__device__ __forceinline__ float row_dot(const float* a, const float* b, int D) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (DT != 0) {
+#pragma unroll
+    for (int c = 0; c < DT; c += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(a + c), y = *reinterpret_cast<const float4*>(b + c);
+      acc[0] = fmaf(x.x, y.x, acc[0]);
+      acc[1] = fmaf(x.y, y.y, acc[1]);
+      acc[2] = fmaf(x.z, y.z, acc[2]);
+      acc[3] = fmaf(x.w, y.w, acc[3]);
+    }
+  } else {
+#pragma unroll 4
+    for (int c = 0; c < D; ++c) acc[c & 3] = fmaf(a[c], b[c], acc[c & 3]);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void fma4(float (&acc)[4], float4 m, float x) {
+  acc[0] = fmaf(m.x, x, acc[0]);
+  acc[1] = fmaf(m.y, x, acc[1]);
+  acc[2] = fmaf(m.z, x, acc[2]);
+  acc[3] = fmaf(m.w, x, acc[3]);
+}
+// acc[k] = sum_{j < r0 + 4} M[r0 + k][j] X[j][c] for the four rows r0.. of a lower-triangular M
+// (zero right of the diagonal): M rows as float4, X down column c.
+__device__ __forceinline__ void tri_rows(float (&acc)[4], const float* M, int TR, int r0, const float* X, int DP,
+                                         int c) {
+  for (int j = 0; j < r0 + 4; j += 4) {
+    const float x0 = X[j * DP + c], x1 = X[(j + 1) * DP + c], x2 = X[(j + 2) * DP + c], x3 = X[(j + 3) * DP + c];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 m = ld4(M + (r0 + k) * TR + j);
+      acc[k] = fmaf(m.x, x0, fmaf(m.y, x1, fmaf(m.z, x2, fmaf(m.w, x3, acc[k]))));
+    }
+  }
+}
+
+// Loads the gates of the sequence: lf, igate into shared vectors; thread 0 then walks the
+// recurrence for F (double), m and the branch flags (fb: 1 where m_t = lf_t + m_{t-1}).
+__device__ void tile_gates(float* lf, float* ig, float* m, float* fb, double* F, const Views& s, int T) {
+  for (int t = threadIdx.x; t < T; t += blockDim.x) {
+    lf[t] = log_sigm(s.fg[size_t(t) * s.lg]);
+    ig[t] = s.ig[size_t(t) * s.lg];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double acc = 0.0;
+    float mp = 0.f;
+    for (int t = 0; t < T; ++t) {
+      acc += double(lf[t]);
+      F[t] = acc;
+      const bool f_branch = t > 0 && lf[t] + mp >= ig[t];
+      mp = f_branch ? lf[t] + mp : ig[t];
+      m[t] = mp;
+      fb[t] = f_branch ? 1.f : 0.f;
+    }
+  }
+  __syncthreads();
+}
+
+template <int DT>
+__global__ void __launch_bounds__(kTileThreads) mlstm_tile_forward(float* __restrict__ hout,
+                                                                   const float* __restrict__ q,
+                                                                   const float* __restrict__ k,
+                                                                   const float* __restrict__ v,
+                                                                   const float* __restrict__ ig,
+                                                                   const float* __restrict__ fg, MLSTMDims d) {
+  extern __shared__ __align__(16) float sm[];
+  const int bh = blockIdx.x, b = bh / d.H, hh = bh % d.H, T = d.T, D = DT ? DT : d.D, DP = tile_dp(D);
+  const int TR = tile_rows(T), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const TileSmem L = tile_smem(T, D, false);
+  float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *Cm = sm + L.c, *vec = sm + L.vec;
+  float *lf = vec, *igs = vec + T, *ms = vec + 2 * T, *fb = vec + 3 * T, *inv = vec + 4 * T;
+  double* F = reinterpret_cast<double*>(sm + L.f);
+  const Views s = views(d, b, hh, q, k, v, ig, fg);
+  load_rows(Qs, s.q, T, D, DP, s.lq);
+  load_rows(Ks, s.k, T, D, DP, s.lk);
+  load_rows(Vs, s.v, T, D, DP, s.lv);
+  tile_gates(lf, igs, ms, fb, F, s, T);
+  const float ks = 1.f / sqrtf(float(D)), eps = float(kMLSTMEps);
+  for (int x = tid; x < TR * TR; x += blockDim.x) {
+    const int i = x / TR, j = x - i * TR;
+    Cm[x] = j <= i && i < T
+                ? ks * row_dot<DT>(Qs + i * DP, Ks + j * DP, D) * expf(float(F[i] - F[j]) + igs[j] - ms[i])
+                : 0.f;
+  }
+  __syncthreads();
+  for (int i = warp; i < T; i += nw) {
+    float r = 0.f;
+    for (int j = lane; j <= i; j += 32) r += Cm[i * TR + j];
+    r = warp_sum(r);
+    if (lane == 0) inv[i] = 1.f / (fmaxf(fabsf(r), expf(-ms[i])) + eps);
+  }
+  __syncthreads();
+  float* O = hout + (size_t(b) * T * d.H + hh) * D;
+  const size_t ldo = size_t(d.H) * D;
+  for (int x = tid; x < (TR / 4) * D; x += blockDim.x) {
+    const int r0 = (x / D) * 4, c = x - (x / D) * D;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    tri_rows(acc, Cm, TR, r0, Vs, DP, c);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      if (r0 + kk < T) O[(r0 + kk) * ldo + c] = acc[kk] * inv[r0 + kk];
+  }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(kTileThreads) mlstm_tile_backward(
+    float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ dig,
+    float* __restrict__ dfg, const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
+    const float* __restrict__ v, const float* __restrict__ ig, const float* __restrict__ fg, MLSTMDims d) {
+  extern __shared__ __align__(16) float sm[];
+  const int bh = blockIdx.x, b = bh / d.H, hh = bh % d.H, T = d.T, D = DT ? DT : d.D, DP = tile_dp(D);
+  const int TR = tile_rows(T), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const TileSmem L = tile_smem(T, D, true);
+  float *Qs = sm + L.q, *Ks = sm + L.k, *Vs = sm + L.v, *Gs = sm + L.dh, *Cm = sm + L.c, *Wm = sm + L.w,
+        *Xm = sm + L.x, *vec = sm + L.vec;
+  float *lf = vec, *igs = vec + T, *ms = vec + 2 * T, *fb = vec + 3 * T, *inv = vec + 4 * T, *drs = vec + 5 * T,
+        *dms = vec + 6 * T, *col = vec + 7 * T, *pre = vec + 8 * T, *dia = vec + 9 * T;
+  double* F = reinterpret_cast<double*>(sm + L.f);
+  const Views s = views(d, b, hh, q, k, v, ig, fg);
+  const size_t ldo = size_t(d.H) * D;
+  load_rows(Qs, s.q, T, D, DP, s.lq);
+  load_rows(Ks, s.k, T, D, DP, s.lk);
+  load_rows(Vs, s.v, T, D, DP, s.lv);
+  load_rows(Gs, dout + (size_t(b) * T * d.H + hh) * D, T, D, DP, int(ldo));
+  tile_gates(lf, igs, ms, fb, F, s, T);
+  const float ks = 1.f / sqrtf(float(D)), eps = float(kMLSTMEps);
+  for (int x = tid; x < TR * TR; x += blockDim.x) {
+    const int i = x / TR, j = x - i * TR;
+    float w = 0.f, c = 0.f, dp = 0.f;
+    if (j <= i && i < T) {
+      w = expf(float(F[i] - F[j]) + igs[j] - ms[i]);
+      c = ks * row_dot<DT>(Qs + i * DP, Ks + j * DP, D) * w;
+      dp = row_dot<DT>(Gs + i * DP, Vs + j * DP, D);
+    }
+    Wm[x] = w;
+    Cm[x] = c;
+    Xm[x] = dp;
+  }
+  __syncthreads();
+  for (int i = warp; i < T; i += nw) {  // per row: r, dh . h -> 1/nrm, dr, dm
+    float r = 0.f, hd = 0.f;
+    for (int j = lane; j <= i; j += 32) {
+      const float c = Cm[i * TR + j];
+      r += c;
+      hd = fmaf(c, Xm[i * TR + j], hd);
+    }
+    r = warp_sum(r);
+    hd = warp_sum(hd);
+    if (lane == 0) {
+      const float floor_ = expf(-ms[i]);
+      const float in = 1.f / (fmaxf(fabsf(r), floor_) + eps);
+      const float dnrm = -hd * in * in;
+      inv[i] = in;
+      drs[i] = fabsf(r) >= floor_ ? (r >= 0.f ? dnrm : -dnrm) : 0.f;
+      dms[i] = eps * dnrm;
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < TR * TR; x += blockDim.x) {
+    const int i = x / TR, j = x - i * TR;
+    if (j <= i && i < T) {
+      const float c = Cm[x], dc = fmaf(Xm[x], inv[i], drs[i]);
+      Xm[x] = dc * Wm[x];  // ds (without 1/sqrt(D))
+      Wm[x] = dc * c;      // dL
+      Cm[x] = c * inv[i];
+    }
+  }
+  __syncthreads();
+  float* dQ = dq + s.oq;
+  float* dK = dk + s.ok;
+  float* dV = dv + s.ov;
+  for (int x = tid; x < (TR / 4) * D; x += blockDim.x) {  // rows r0..r0+3, column c
+    const int r0 = (x / D) * 4, c = x - (x / D) * D;
+    float aq[4] = {0.f, 0.f, 0.f, 0.f}, ak[4] = {0.f, 0.f, 0.f, 0.f}, av[4] = {0.f, 0.f, 0.f, 0.f};
+    tri_rows(aq, Xm, TR, r0, Ks, DP, c);  // queries r0..: sum_{j <= r} ds_rj k_j
+    for (int i = r0; i < T; ++i) {       // keys r0..: sum_{i >= r} ds_ir q_i, c_ir dh_i / nrm_i
+      fma4(ak, ld4(Xm + i * TR + r0), Qs[i * DP + c]);
+      fma4(av, ld4(Cm + i * TR + r0), Gs[i * DP + c]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      if (r0 + kk < T) {
+        dQ[size_t(r0 + kk) * s.lq + c] += ks * aq[kk];
+        dK[size_t(r0 + kk) * s.lk + c] += ks * ak[kk];
+        dV[size_t(r0 + kk) * s.lv + c] += av[kk];
+      }
+  }
+  // Gate sums of dL (read-only above, so no barrier before): column s, row s left of the diagonal.
+  for (int t = tid; t < T; t += blockDim.x) {
+    float cs = 0.f, ps = 0.f;
+    for (int i = t; i < T; ++i) cs += Wm[i * TR + t];
+    for (int j = 0; j < t; ++j) ps += Wm[t * TR + j];
+    col[t] = cs;
+    pre[t] = ps;
+    dia[t] = Wm[t * TR + t];
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // dlf_s = sum_{i>=s} sum_{j<s} dL_ij: B_0 = 0, B_{s+1} = B_s - (row s left of the diagonal)
+    // + (column s below the diagonal).
+    double B = 0.0;
+    for (int t = 0; t < T; ++t) {
+      const double next = B - double(pre[t]) + (double(col[t]) - double(dia[t]));
+      pre[t] = float(B);  // dlf_t
+      B = next;
+    }
+    float dM = 0.f;
+    for (int t = T - 1; t >= 0; --t) {
+      dM += dms[t];
+      float dlf = pre[t], di = col[t];
+      if (fb[t] != 0.f) {
+        dlf += dM;
+      } else {
+        di += dM;
+        dM = 0.f;
+      }
+      pre[t] = dlf;
+      col[t] = di;
+    }
+  }
+  __syncthreads();
+  for (int t = tid; t < T; t += blockDim.x) {
+    dig[s.og + size_t(t) * s.lg] += col[t];
+    dfg[s.og + size_t(t) * s.lg] += pre[t] * sigm(-s.fg[size_t(t) * s.lg]);
+  }
+}
+
 using ::lrnn::cuda::max_smem_optin;
+
+std::atomic<int> g_kernel{int(MlstmKernel::Auto)};
+
+// Shared memory of the tile kernel for these dims, or 0 where the recurrent kernels run.
+template <auto Kernel>
+size_t tile_bytes(const MLSTMDims& d, bool bwd) {
+  if (MlstmKernel(g_kernel.load()) != MlstmKernel::Auto) return 0;
+  // Whether the tile kernels run follows from the backward's size, for the forward too (a tile
+  // forward writes no checkpoints for a recurrent backward).
+  const size_t need = sizeof(float) * size_t(tile_smem(d.T, d.D, true).total);
+  if (need > std::min<size_t>(kTileMaxSmem, size_t(max_smem_optin()))) return 0;
+  const size_t bytes = sizeof(float) * size_t(tile_smem(d.T, d.D, bwd).total);
+  static const bool allowed = [] {
+    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileMaxSmem)));
+    return true;
+  }();
+  (void)allowed;
+  return bytes;
+}
+
+template <int DT>
+struct TileForward {
+  static constexpr auto fn = mlstm_tile_forward<DT>;
+};
+template <int DT>
+struct TileBackward {
+  static constexpr auto fn = mlstm_tile_backward<DT>;
+};
+
+// Launches K<DT>::fn, a block per (b,h), with DT = d.D where it is 16, 32 or 64 (else 0: any),
+// if its shared memory fits; false where the recurrent kernels must run instead.
+template <template <int> class K, class... Args>
+bool launch_tile(const MLSTMDims& d, bool bwd, Args... args) {
+  auto go = [&](auto dt) {
+    constexpr auto kernel = K<decltype(dt)::value>::fn;
+    const size_t bytes = tile_bytes<kernel>(d, bwd);
+    if (!bytes) return false;
+    kernel<<<unsigned(d.B * d.H), kTileThreads, bytes, ::lrnn::cuda::stream()>>>(args...);
+    LRNN_CUDA_LAUNCH_CHECK();
+    return true;
+  };
+  switch (d.D) {
+    case 16: return go(std::integral_constant<int, 16>{});
+    case 32: return go(std::integral_constant<int, 32>{});
+    case 64: return go(std::integral_constant<int, 64>{});
+    default: return go(std::integral_constant<int, 0>{});
+  }
+}
 
 template <class K>
 void allow_smem(K kernel, size_t smem, bool& done) {
@@ -260,10 +607,13 @@ unsigned threads_for(int D) { return unsigned(((D + 31) / 32) * 32); }
 
 }  // namespace
 
+void set_mlstm_kernel(MlstmKernel k) { g_kernel.store(int(k)); }
+
 void mlstm_forward(float* h, const float* q, const float* k, const float* v, const float* igate, const float* fgate,
                    const MLSTMDims& d, float* ckpt) {
   LRNN_CHECK(d.B > 0 && d.T >= 0 && d.H > 0 && d.D > 0 && d.D <= 1024, "bad mLSTM dims");
   if (d.T == 0) return;
+  if (launch_tile<TileForward>(d, false, h, q, k, v, igate, fgate, d)) return;
   const size_t smem = (size_t(d.D) * (d.D + 1) + d.D + 32) * sizeof(float);
   static bool done = false;
   allow_smem(mlstm_forward_kernel, smem, done);
@@ -277,6 +627,7 @@ void mlstm_backward(float* dq, float* dk, float* dv, float* digate, float* dfgat
                     const float* ckpt) {
   LRNN_CHECK(d.B > 0 && d.T >= 0 && d.H > 0 && d.D > 0 && d.D <= 1024, "bad mLSTM dims");
   if (d.T == 0) return;
+  if (launch_tile<TileBackward>(d, true, dq, dk, dv, digate, dfgate, dh, q, k, v, igate, fgate, d)) return;
   const size_t smem = (2 * size_t(d.D) * (d.D + 1) + 3 * size_t(d.D) + 32) * sizeof(float);
   static bool done = false;
   allow_smem(mlstm_backward_kernel, smem, done);

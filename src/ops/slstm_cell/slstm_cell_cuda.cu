@@ -1,5 +1,6 @@
-// CUDA sLSTM cell (contract: slstm_cell_cuda.h / slstm_cell.h). One block per (batch row b, head
-// h) walks the tokens in order; its threads stride over the 4*D gate pre-activations (the
+// CUDA sLSTM cell (contract: slstm_cell_cuda.h / slstm_cell.h). Head dims 8, 16 and 32 run the
+// lane kernels (below: a group of lanes per sequence, no barriers). Other head dims run the
+// block kernels: one block per (batch row b, head h) walks the tokens in order; its threads stride over the 4*D gate pre-activations (the
 // recurrent term reads y_{t-1} of the head from shared memory and R from global/L2), then over
 // the D units (the pointwise update). State c, n, m and y_{t-1} live in shared memory.
 // Backward walks the tokens in reverse with the carried dy (R^T dg), dc, dn in shared memory;
@@ -8,6 +9,11 @@
 #include "ops/slstm_cell/slstm_cell_cuda.h"
 #include "core/check.h"
 #include "cuda/runtime.h"
+#include "ops/elementwise/elementwise_cuda.h"
+
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 namespace lrnn::ops::cuda {
 namespace {
@@ -143,13 +149,249 @@ __global__ void slstm_backward_kernel(float* __restrict__ dwx, float* __restrict
     for (int e = threadIdx.x; e < D * G4; e += blockDim.x) atomicAdd(dRh + e, dRs[e]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Lane kernels (D = 8, 16, 32): a group of D lanes per (batch row, head) sequence, lane j owning
+// unit j, 32 / D sequences of one head per warp; the recurrence needs no barrier. The recurrent
+// term of unit j, sum_a y_{t-1}[a] R[a,g,j], takes y_{t-1}[a] from lane a by a shuffle.
+// Forward: the column R[.,g,j] of every gate in registers (4 D floats).
+// Backward: R of the head in shared memory; dy_{t-1}[a] = sum_{g,j} R[a,g,j] dg[g,j] is a sum over
+// the group's lanes of per-lane vectors (lane j: R[a,.,j] . dg[.,j] for every a), done by
+// recursive halving (D - 1 shuffles; lane a ends with entry a). Lane j keeps dR[a,g,j] and
+// dbias[g,j] of its sequences in registers; a block (P blocks per head, each walking every P-th
+// group of sequences) adds its warps' sums in a fixed order and writes them to scratch, and
+// add_partials sums the P blocks (deterministic: no atomics).
+constexpr int kLaneWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kLaneWarps * 32) slstm_lane_forward(float* __restrict__ y,
+                                                                     const float* __restrict__ wx,
+                                                                     const float* __restrict__ R,
+                                                                     const float* __restrict__ bias, int B, int Tn,
+                                                                     int H, int lx, float* __restrict__ saved) {
+  constexpr int SPW = 32 / D, G4 = 4 * D;
+  const int lane = threadIdx.x & 31, j = lane & (D - 1), base = lane & ~(D - 1);
+  const int gw = blockIdx.x * kLaneWarps + (threadIdx.x >> 5);
+  const int h = gw % H, b = (gw / H) * SPW + lane / D, C = H * D, u = h * D + j;
+  if ((gw / H) * SPW >= B) return;  // whole warp past the batch
+  const bool active = b < B;
+  float Rr[D][4], bi[4];
+  const float* Rh = R + size_t(h) * D * G4;
+#pragma unroll
+  for (int a = 0; a < D; ++a)
+#pragma unroll
+    for (int g = 0; g < 4; ++g) Rr[a][g] = __ldg(Rh + a * G4 + g * D + j);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) bi[g] = __ldg(bias + h * G4 + g * D + j);
+  float yp = 0.f, cs = 0.f, ns = 0.f, ms = 0.f;
+  for (int t = 0; t < Tn; ++t) {
+    const size_t n = size_t(active ? b : 0) * Tn + t;
+    float raw[4];
+    const float* x = wx + n * lx + u;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) raw[g] = active ? __ldg(x + g * C) + bi[g] : 0.f;
+    if (t > 0) {
+#pragma unroll
+      for (int a = 0; a < D; ++a) {
+        const float ya = __shfl_sync(0xffffffffu, yp, base + a);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) raw[g] = fmaf(ya, Rr[a][g], raw[g]);
+      }
+    }
+    const float ir = raw[0], fr = raw[1], zr = raw[2], orr = raw[3];
+    const float lf = log_sigm(fr);
+    const float mn = t == 0 ? ir : fmaxf(ir, lf + ms);
+    const float ig = expf(ir - mn);
+    const float fg = t == 0 ? 0.f : expf(lf + ms - mn);
+    const float c = fg * cs + ig * tanhf(zr);
+    const float nn = fg * ns + ig;
+    const float yt = sigm(orr) * c / nn;
+    cs = c;
+    ns = nn;
+    ms = mn;
+    yp = yt;
+    if (active) {
+      y[n * C + u] = yt;
+      if (saved) {
+        float* cur = saved + n * 7 * C + u;
+        cur[0] = ir;
+        cur[C] = fr;
+        cur[2 * C] = zr;
+        cur[3 * C] = orr;
+        cur[4 * C] = c;
+        cur[5 * C] = nn;
+        cur[6 * C] = mn;
+      }
+    }
+  }
+}
+
+// The sum over the D lanes of a group of each lane's vector v[0..D-1]; lane j of the group ends
+// with entry j in v[0].
+template <int O, int D>
+__device__ __forceinline__ void halve(float (&v)[D], bool upper) {
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = upper ? v[i] : v[i + O];
+    const float keep = upper ? v[i + O] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+template <int D>
+__device__ __forceinline__ void group_transpose_sum(float (&v)[D], int lane) {
+  if constexpr (D >= 32) halve<16>(v, lane & 16);
+  if constexpr (D >= 16) halve<8>(v, lane & 8);
+  if constexpr (D >= 8) halve<4>(v, lane & 4);
+  halve<2>(v, lane & 2);
+  halve<1>(v, lane & 1);
+}
+
+// Blocks (p, h): P per head. smem: Rs [D][4D] (R of head h), then the block's sums dRs [D][4D]
+// and dbs [4D].
+template <int D>
+__global__ void __launch_bounds__(kLaneWarps * 32) slstm_lane_backward(
+    float* __restrict__ dwx, float* __restrict__ dR_part, float* __restrict__ db_part, const float* __restrict__ dy,
+    const float* __restrict__ R, const float* __restrict__ y, int B, int Tn, int H, int lx,
+    const float* __restrict__ saved) {
+  constexpr int SPW = 32 / D, G4 = 4 * D;
+  extern __shared__ float sm[];
+  float *Rs = sm, *dRs = sm + D * G4, *dbs = dRs + D * G4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane & (D - 1), base = lane & ~(D - 1);
+  const int p = blockIdx.x, P = gridDim.x, h = blockIdx.y, C = H * D, u = h * D + j;
+  const float* Rh = R + size_t(h) * D * G4;
+  for (int e = threadIdx.x; e < D * G4; e += blockDim.x) Rs[e] = Rh[e];
+  __syncthreads();
+  float acc[D][4], db[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int a = 0; a < D; ++a)
+#pragma unroll
+    for (int g = 0; g < 4; ++g) acc[a][g] = 0.f;
+  for (int first = (p * kLaneWarps + warp) * SPW; first < B; first += P * kLaneWarps * SPW) {
+    const int b = first + lane / D;
+    const bool active = b < B;
+    const size_t n0 = size_t(active ? b : 0) * Tn;
+    float dyr = 0.f, dc = 0.f, dn = 0.f;
+    // The saved values of token t (cur) and t - 1 (prev), y_t and y_{t-1}.
+    const float* sv = saved + (n0 + Tn - 1) * 7 * C + u;
+    float ir = sv[0], fr = sv[C], zr = sv[2 * C], orr = sv[3 * C], nn = sv[5 * C], m = sv[6 * C];
+    float yt = y[(n0 + Tn - 1) * C + u];
+    for (int t = Tn - 1; t >= 0; --t) {
+      const size_t n = n0 + t;
+      float cp = 0.f, np_ = 0.f, mp = 0.f, ypv = 0.f, irp = 0.f, frp = 0.f, zrp = 0.f, orp = 0.f;
+      if (t > 0) {
+        const float* pv = saved + (n - 1) * 7 * C + u;
+        irp = pv[0], frp = pv[C], zrp = pv[2 * C], orp = pv[3 * C], cp = pv[4 * C], np_ = pv[5 * C], mp = pv[6 * C];
+        ypv = y[(n - 1) * C + u];
+      }
+      const float o = sigm(orr), z = tanhf(zr), ig = expf(ir - m);
+      const float dyu = (active ? dy[n * C + u] : 0.f) + dyr;
+      const float dct = dc + dyu * o / nn;
+      const float dnt = dn - dyu * yt / nn;
+      float dg[4];
+      dg[0] = ig * (z * dct + dnt);
+      dg[2] = dct * ig * (1.f - z * z);
+      dg[3] = dyu * yt * (1.f - o);
+      dg[1] = 0.f;
+      if (t > 0) {
+        const float fg = expf(log_sigm(fr) + mp - m);
+        dg[1] = fg * (dct * cp + dnt * np_) * sigm(-fr);
+        dc = fg * dct;
+        dn = fg * dnt;
+      }
+      if (!active) dg[0] = dg[1] = dg[2] = dg[3] = 0.f;
+      if (active) {
+        float* dx = dwx + n * lx + u;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) dx[g * C] += dg[g];
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) db[g] += dg[g];
+      if (t > 0) {
+        float part[D];
+#pragma unroll
+        for (int a = 0; a < D; ++a) {
+          const float* ra = Rs + a * G4 + j;
+          part[a] = ra[0] * dg[0] + ra[D] * dg[1] + ra[2 * D] * dg[2] + ra[3 * D] * dg[3];
+        }
+        group_transpose_sum<D>(part, lane);
+        dyr = part[0];
+#pragma unroll
+        for (int a = 0; a < D; ++a) {
+          const float ya = __shfl_sync(0xffffffffu, ypv, base + a);
+#pragma unroll
+          for (int g = 0; g < 4; ++g) acc[a][g] = fmaf(ya, dg[g], acc[a][g]);
+        }
+      }
+      ir = irp, fr = frp, zr = zrp, orr = orp, nn = np_, m = mp, yt = ypv;
+    }
+  }
+  // The warp's groups (fixed butterfly), then the block's warps in order, then scratch.
+#pragma unroll
+  for (int o = D; o < 32; o <<= 1) {
+#pragma unroll
+    for (int a = 0; a < D; ++a)
+#pragma unroll
+      for (int g = 0; g < 4; ++g) acc[a][g] += __shfl_xor_sync(0xffffffffu, acc[a][g], o);
+#pragma unroll
+    for (int g = 0; g < 4; ++g) db[g] += __shfl_xor_sync(0xffffffffu, db[g], o);
+  }
+  for (int w = 0; w < kLaneWarps; ++w) {
+    if (warp == w && lane < D) {
+#pragma unroll
+      for (int a = 0; a < D; ++a)
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          float& s = dRs[a * G4 + g * D + j];
+          s = w ? s + acc[a][g] : acc[a][g];
+        }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        float& s = dbs[g * D + j];
+        s = w ? s + db[g] : db[g];
+      }
+    }
+    __syncthreads();
+  }
+  float* dst = dR_part + (size_t(p) * H + h) * D * G4;
+  for (int e = threadIdx.x; e < D * G4; e += blockDim.x) dst[e] = dRs[e];
+  float* dstb = db_part + (size_t(p) * H + h) * G4;
+  for (int e = threadIdx.x; e < G4; e += blockDim.x) dstb[e] = dbs[e];
+}
+
 using ::lrnn::cuda::max_smem_optin;
 
+std::atomic<int> g_kernel{int(SlstmKernel::Auto)};
+
+bool use_lanes(const SLSTMDims& d) {
+  return SlstmKernel(g_kernel.load()) == SlstmKernel::Auto && (d.D == 8 || d.D == 16 || d.D == 32);
+}
+
+// Calls f(std::integral_constant<int, D>) for the lane kernels' head dims.
+template <class F>
+void lane_dispatch(int D, F&& f) {
+  switch (D) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, 32>{});
+  }
+}
+
 }  // namespace
+
+void set_slstm_kernel(SlstmKernel k) { g_kernel.store(int(k)); }
 
 void slstm_forward(float* y, const float* wx, const float* R, const float* bias, const SLSTMDims& d, float* saved) {
   LRNN_CHECK(d.B > 0 && d.T >= 0 && d.H > 0 && d.D > 0, "bad sLSTM dims");
   if (d.T == 0) return;
+  if (use_lanes(d)) {
+    lane_dispatch(d.D, [&](auto dt) {
+      constexpr int D = decltype(dt)::value;
+      const int warps = d.H * ((d.B + 32 / D - 1) / (32 / D));
+      slstm_lane_forward<D><<<unsigned((warps + kLaneWarps - 1) / kLaneWarps), kLaneWarps * 32, 0,
+                              ::lrnn::cuda::stream()>>>(y, wx, R, bias, d.B, d.T, d.H, d.lx(), saved);
+    });
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const size_t smem = size_t(8) * d.D * sizeof(float);
   LRNN_CHECK(smem <= 48 * 1024, "sLSTM head dim {} too large for the CUDA kernel", d.D);
   slstm_forward_kernel<<<unsigned(d.B * d.H), threads_for(d.D), smem, ::lrnn::cuda::stream()>>>(
@@ -163,6 +405,26 @@ void slstm_backward(float* dwx, float* dR, float* dbias, const float* dy, const 
   (void)wx;
   (void)bias;
   if (d.T == 0) return;
+  if (use_lanes(d)) {
+    lane_dispatch(d.D, [&](auto dt) {
+      constexpr int D = decltype(dt)::value;
+      // P blocks per head, as many as give each warp one group of sequences, within the scratch.
+      const size_t per = size_t(d.H) * (4 * D * D + 4 * D);  // floats of one block column's sums
+      const int groups = (d.B + 32 / D - 1) / (32 / D);
+      const int cap = int(::lrnn::cuda::kScratchBytes / (per * sizeof(float)));
+      const int P = std::max(1, std::min((groups + kLaneWarps - 1) / kLaneWarps, cap));
+      auto* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(P) * per * sizeof(float)));
+      float* dR_part = part;
+      float* db_part = part + size_t(P) * d.H * 4 * D * D;
+      const size_t smem = (size_t(2) * 4 * D * D + 4 * D) * sizeof(float);
+      slstm_lane_backward<D><<<dim3(unsigned(P), unsigned(d.H)), kLaneWarps * 32, smem, ::lrnn::cuda::stream()>>>(
+          dwx, dR_part, db_part, dy, R, y, d.B, d.T, d.H, d.lx(), saved);
+      LRNN_CUDA_LAUNCH_CHECK();
+      if (dR) add_partials(dR, dR_part, P, size_t(d.H) * 4 * D * D);
+      if (dbias) add_partials(dbias, db_part, P, size_t(d.H) * 4 * D);
+    });
+    return;
+  }
   const size_t base = size_t(12) * d.D * sizeof(float);
   const size_t full = base + size_t(4) * d.D * d.D * sizeof(float);
   const bool use_smem = dR && full <= size_t(max_smem_optin());
