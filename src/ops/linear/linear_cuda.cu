@@ -164,6 +164,19 @@ void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const floa
         alpha);
 }
 
+void gemm_batched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda, long long sA,
+                  const float* B, int ldb, long long sB, float beta, float* C, int ldc, long long sC, int batch) {
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  const cublasComputeType_t compute = lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::FP32
+                                          ? CUBLAS_COMPUTE_32F_PEDANTIC
+                                          : CUBLAS_COMPUTE_32F_FAST_TF32;
+  // As gemm(): the column-major transposes, B's view first.
+  check(cublasGemmStridedBatchedEx(handle(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                                   M, K, &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C, CUDA_R_32F,
+                                   ldc, sC, batch, compute, CUBLAS_GEMM_DEFAULT),
+        "GemmStridedBatchedEx");
+}
+
 void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC) {
   if (bias) {
     fill_bias<<<lrnn::cuda::blocks_for(size_t(N) * OC, 256), 256, 0, lrnn::cuda::stream()>>>(out, bias, N, OC);

@@ -9,6 +9,9 @@ namespace lrnn::ops::cuda {
 // leading dimensions lda, ldb, ldc (elements between rows); beta = 0 does not read C.
 void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc);
+// `batch` such products at once, the b-th reading A + b sA, B + b sB and writing C + b sC.
+void gemm_batched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda, long long sA,
+                  const float* B, int ldb, long long sB, float beta, float* C, int ldc, long long sC, int batch);
 void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC);
 void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W, int N,
                      int IC, int OC, bool accumulate = true);

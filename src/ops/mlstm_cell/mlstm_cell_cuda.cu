@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 namespace lrnn::ops::cuda {
@@ -298,12 +299,36 @@ __host__ __device__ inline TileSmem tile_smem(int T, int D, bool bwd) {
   return s;
 }
 
-// T rows of D floats (token stride ld) into shared rows of DP, rows T..TR-1 zero.
-__device__ __forceinline__ void load_rows(float* dst, const float* src, int T, int D, int DP, int ld) {
+// NR sources of T rows of D floats (token strides ld) into shared rows of DP, rows T..TR-1 zero;
+// float4 where DT is set and the rows are 16-byte aligned, all sources' loads in one loop (in
+// flight together: ncu showed the block waiting on them).
+template <int DT, int NR>
+__device__ __forceinline__ void load_rows(float* const (&dst)[NR], const float* const (&src)[NR], const int (&ld)[NR],
+                                          int T, int D, int DP) {
   const int TR = tile_rows(T);
+  bool vec = DT != 0;
+#pragma unroll
+  for (int r = 0; r < NR; ++r) vec = vec && ld[r] % 4 == 0 && reinterpret_cast<uintptr_t>(src[r]) % 16 == 0;
+  if (vec) {
+    constexpr int V = DT / 4 > 0 ? DT / 4 : 1;
+    for (int x = threadIdx.x; x < TR * V; x += blockDim.x) {
+      const int t = x / V, c = (x - t * V) * 4;
+      float4 v[NR];
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        v[r] = t < T ? __ldg(reinterpret_cast<const float4*>(src[r] + size_t(t) * ld[r] + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) *reinterpret_cast<float4*>(dst[r] + t * DP + c) = v[r];
+    }
+    return;
+  }
   for (int x = threadIdx.x; x < TR * D; x += blockDim.x) {
     const int t = x / D, c = x - t * D;
-    dst[t * DP + c] = t < T ? src[size_t(t) * ld + c] : 0.f;
+    float v[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) v[r] = t < T ? __ldg(src[r] + size_t(t) * ld[r] + c) : 0.f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) dst[r][t * DP + c] = v[r];
   }
 }
 // DT: the head dim at compile time (16, 32, 64: float4 rows), or 0 (any D, scalar).
@@ -389,9 +414,7 @@ __global__ void __launch_bounds__(kTileThreads) mlstm_tile_forward(float* __rest
   float *lf = vec, *igs = vec + T, *ms = vec + 2 * T, *fb = vec + 3 * T, *inv = vec + 4 * T;
   double* F = reinterpret_cast<double*>(sm + L.f);
   const Views s = views(d, b, hh, q, k, v, ig, fg);
-  load_rows(Qs, s.q, T, D, DP, s.lq);
-  load_rows(Ks, s.k, T, D, DP, s.lk);
-  load_rows(Vs, s.v, T, D, DP, s.lv);
+  load_rows<DT, 3>({Qs, Ks, Vs}, {s.q, s.k, s.v}, {s.lq, s.lk, s.lv}, T, D, DP);
   tile_gates(lf, igs, ms, fb, F, s, T);
   const float ks = 1.f / sqrtf(float(D)), eps = float(kMLSTMEps);
   for (int x = tid; x < TR * TR; x += blockDim.x) {
@@ -436,10 +459,8 @@ __global__ void __launch_bounds__(kTileThreads) mlstm_tile_backward(
   double* F = reinterpret_cast<double*>(sm + L.f);
   const Views s = views(d, b, hh, q, k, v, ig, fg);
   const size_t ldo = size_t(d.H) * D;
-  load_rows(Qs, s.q, T, D, DP, s.lq);
-  load_rows(Ks, s.k, T, D, DP, s.lk);
-  load_rows(Vs, s.v, T, D, DP, s.lv);
-  load_rows(Gs, dout + (size_t(b) * T * d.H + hh) * D, T, D, DP, int(ldo));
+  load_rows<DT, 4>({Qs, Ks, Vs, Gs}, {s.q, s.k, s.v, dout + (size_t(b) * T * d.H + hh) * D},
+                   {s.lq, s.lk, s.lv, int(ldo)}, T, D, DP);
   tile_gates(lf, igs, ms, fb, F, s, T);
   const float ks = 1.f / sqrtf(float(D)), eps = float(kMLSTMEps);
   for (int x = tid; x < TR * TR; x += blockDim.x) {
@@ -489,6 +510,15 @@ __global__ void __launch_bounds__(kTileThreads) mlstm_tile_backward(
   float* dV = dv + s.ov;
   for (int x = tid; x < (TR / 4) * D; x += blockDim.x) {  // rows r0..r0+3, column c
     const int r0 = (x / D) * 4, c = x - (x / D) * D;
+    // The outputs' old values first: their loads overlap the sums.
+    float oq[4], ok[4], ov[4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const bool in = r0 + kk < T;
+      oq[kk] = in ? dQ[size_t(r0 + kk) * s.lq + c] : 0.f;
+      ok[kk] = in ? dK[size_t(r0 + kk) * s.lk + c] : 0.f;
+      ov[kk] = in ? dV[size_t(r0 + kk) * s.lv + c] : 0.f;
+    }
     float aq[4] = {0.f, 0.f, 0.f, 0.f}, ak[4] = {0.f, 0.f, 0.f, 0.f}, av[4] = {0.f, 0.f, 0.f, 0.f};
     tri_rows(aq, Xm, TR, r0, Ks, DP, c);  // queries r0..: sum_{j <= r} ds_rj k_j
     for (int i = r0; i < T; ++i) {       // keys r0..: sum_{i >= r} ds_ir q_i, c_ir dh_i / nrm_i
@@ -498,9 +528,9 @@ __global__ void __launch_bounds__(kTileThreads) mlstm_tile_backward(
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       if (r0 + kk < T) {
-        dQ[size_t(r0 + kk) * s.lq + c] += ks * aq[kk];
-        dK[size_t(r0 + kk) * s.lk + c] += ks * ak[kk];
-        dV[size_t(r0 + kk) * s.lv + c] += av[kk];
+        dQ[size_t(r0 + kk) * s.lq + c] = oq[kk] + ks * aq[kk];
+        dK[size_t(r0 + kk) * s.lk + c] = ok[kk] + ks * ak[kk];
+        dV[size_t(r0 + kk) * s.lv + c] = ov[kk] + av[kk];
       }
   }
   // Gate sums of dL (read-only above, so no barrier before): column s, row s left of the diagonal.
