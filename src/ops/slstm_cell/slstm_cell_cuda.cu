@@ -183,12 +183,22 @@ __global__ void __launch_bounds__(kLaneWarps * 32) slstm_lane_forward(float* __r
 #pragma unroll
   for (int g = 0; g < 4; ++g) bi[g] = __ldg(bias + h * G4 + g * D + j);
   float yp = 0.f, cs = 0.f, ns = 0.f, ms = 0.f;
+  // Token t's inputs are loaded during step t - 1 (their latency overlaps a step's work).
+  float xin[4];
+  auto load = [&](int t, float (&v)[4]) {
+    const float* x = wx + (size_t(active ? b : 0) * Tn + t) * lx + u;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) v[g] = active && t < Tn ? __ldg(x + g * C) : 0.f;
+  };
+  load(0, xin);
   for (int t = 0; t < Tn; ++t) {
     const size_t n = size_t(active ? b : 0) * Tn + t;
-    float raw[4];
-    const float* x = wx + n * lx + u;
+    float raw[4], xnext[4];
 #pragma unroll
-    for (int g = 0; g < 4; ++g) raw[g] = active ? __ldg(x + g * C) + bi[g] : 0.f;
+    for (int g = 0; g < 4; ++g) raw[g] = xin[g] + bi[g];
+    load(t + 1, xnext);
+#pragma unroll
+    for (int g = 0; g < 4; ++g) xin[g] = xnext[g];
     if (t > 0) {
 #pragma unroll
       for (int a = 0; a < D; ++a) {
@@ -270,20 +280,30 @@ __global__ void __launch_bounds__(kLaneWarps * 32) slstm_lane_backward(
     const bool active = b < B;
     const size_t n0 = size_t(active ? b : 0) * Tn;
     float dyr = 0.f, dc = 0.f, dn = 0.f;
-    // The saved values of token t (cur) and t - 1 (prev), y_t and y_{t-1}.
-    const float* sv = saved + (n0 + Tn - 1) * 7 * C + u;
-    float ir = sv[0], fr = sv[C], zr = sv[2 * C], orr = sv[3 * C], nn = sv[5 * C], m = sv[6 * C];
-    float yt = y[(n0 + Tn - 1) * C + u];
+    // Token t's saved values (cur), token t - 1's (prev, with y_{t-1}) and dy_t are in registers
+    // when step t starts: each token's loads are issued a step early, so their latency overlaps
+    // a step's work (else every step waits on them).
+    struct Tok {
+      float ir, fr, zr, orr, c, n, m, y;
+    };
+    auto load = [&](int t) {
+      Tok k{};
+      if (t >= 0) {
+        const float* sv = saved + (n0 + t) * 7 * C + u;
+        k = {sv[0], sv[C], sv[2 * C], sv[3 * C], sv[4 * C], sv[5 * C], sv[6 * C], y[(n0 + t) * C + u]};
+      }
+      return k;
+    };
+    Tok cur = load(Tn - 1), prev = load(Tn - 2);
+    float dy_t = active ? dy[(n0 + Tn - 1) * C + u] : 0.f;
     for (int t = Tn - 1; t >= 0; --t) {
       const size_t n = n0 + t;
-      float cp = 0.f, np_ = 0.f, mp = 0.f, ypv = 0.f, irp = 0.f, frp = 0.f, zrp = 0.f, orp = 0.f;
-      if (t > 0) {
-        const float* pv = saved + (n - 1) * 7 * C + u;
-        irp = pv[0], frp = pv[C], zrp = pv[2 * C], orp = pv[3 * C], cp = pv[4 * C], np_ = pv[5 * C], mp = pv[6 * C];
-        ypv = y[(n - 1) * C + u];
-      }
+      const Tok next = load(t - 2);
+      const float dy_next = active && t > 0 ? dy[(n - 1) * C + u] : 0.f;
+      const float ir = cur.ir, fr = cur.fr, zr = cur.zr, orr = cur.orr, nn = cur.n, m = cur.m, yt = cur.y;
+      const float cp = prev.c, np_ = prev.n, mp = prev.m, ypv = prev.y;
       const float o = sigm(orr), z = tanhf(zr), ig = expf(ir - m);
-      const float dyu = (active ? dy[n * C + u] : 0.f) + dyr;
+      const float dyu = dy_t + dyr;
       const float dct = dc + dyu * o / nn;
       const float dnt = dn - dyu * yt / nn;
       float dg[4];
@@ -321,7 +341,9 @@ __global__ void __launch_bounds__(kLaneWarps * 32) slstm_lane_backward(
           for (int g = 0; g < 4; ++g) acc[a][g] = fmaf(ya, dg[g], acc[a][g]);
         }
       }
-      ir = irp, fr = frp, zr = zrp, orr = orp, nn = np_, m = mp, yt = ypv;
+      cur = prev;
+      prev = next;
+      dy_t = dy_next;
     }
   }
   // The warp's groups (fixed butterfly), then the block's warps in order, then scratch.
