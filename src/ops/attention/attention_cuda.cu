@@ -26,6 +26,7 @@
 #include <type_traits>
 #include "core/check.h"
 #include "cuda/runtime.h"
+#include "cuda/tile.cuh"
 #include "ops/attention/attention_cuda.h"
 
 namespace lrnn::ops::cuda {
@@ -386,17 +387,10 @@ std::atomic<int> g_attn_kernel{int(AttnKernel::Auto)};
 using ::lrnn::cuda::max_smem_optin;
 
 // Shared memory of the tile kernel for these dims, or 0 where the row kernels run.
-template <auto Kernel>
 size_t tile_bytes(const AttentionDims& d, bool bwd) {
   if (AttnKernel(g_attn_kernel.load()) != AttnKernel::Auto) return 0;
   const size_t bytes = sizeof(float) * size_t(tile_smem(d.T, d.D, bwd).total);
-  if (bytes > std::min<size_t>(kTileMaxSmem, size_t(max_smem_optin()))) return 0;
-  static const bool allowed = [] {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileMaxSmem)));
-    return true;
-  }();
-  (void)allowed;
-  return bytes;
+  return bytes > std::min<size_t>(kTileMaxSmem, size_t(max_smem_optin())) ? 0 : bytes;
 }
 
 template <int DT>
@@ -408,24 +402,14 @@ struct TileBackward {
   static constexpr auto fn = attn_tile_backward<DT>;
 };
 
-// Launches K<DT>::fn, a block per (b,h), with DT = d.D where it is 16, 32 or 64 (else 0: any),
-// if its shared memory fits; false where the row kernels must run instead.
+// Launches K<DT>::fn, a block per (b,h), if its shared memory fits; false where the row kernels
+// must run instead.
 template <template <int> class K, class... Args>
 bool launch_tile(const AttentionDims& d, bool bwd, Args... args) {
-  auto go = [&](auto dt) {
-    constexpr auto kernel = K<decltype(dt)::value>::fn;
-    const size_t bytes = tile_bytes<kernel>(d, bwd);
-    if (!bytes) return false;
-    kernel<<<d.B * d.H, kTileThreads, bytes, lrnn::cuda::stream()>>>(args...);
-    LRNN_CUDA_LAUNCH_CHECK();
-    return true;
-  };
-  switch (d.D) {
-    case 16: return go(std::integral_constant<int, 16>{});
-    case 32: return go(std::integral_constant<int, 32>{});
-    case 64: return go(std::integral_constant<int, 64>{});
-    default: return go(std::integral_constant<int, 0>{});
-  }
+  const size_t bytes = tile_bytes(d, bwd);
+  if (!bytes) return false;
+  lrnn::cuda::launch_by_head_dim<K>(d.D, unsigned(d.B * d.H), kTileThreads, bytes, kTileMaxSmem, args...);
+  return true;
 }
 
 Geo geo(const AttentionDims& d) {

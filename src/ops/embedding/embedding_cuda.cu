@@ -173,7 +173,8 @@ void embedding_forward(float* out, const int32_t* tok, const float* W, int N, in
 void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N, int C, int V) {
   if (N <= 0 || C <= 0 || V <= 0) return;
   auto s = ::lrnn::cuda::stream();
-  // Partials per block: as many blocks as chunks of 256 tokens, within the scratch's 1 MiB.
+  // Partials per block: as many blocks as chunks of 256 tokens, within 1 MiB of the scratch (the
+  // budget this op was measured with; the scratch holds kScratchBytes).
   const size_t per_part = size_t(V) * C * sizeof(float);
   const int P = int(std::min<size_t>((N + kChunk - 1) / kChunk, (size_t(1) << 20) / per_part));
   const bool det = V <= kEmbDetMaxV && C % 4 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0 && P >= 1;

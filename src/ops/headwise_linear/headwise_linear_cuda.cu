@@ -128,7 +128,7 @@ bool hw_reduce_two_pass(float* out, const float* dy, const float* x, int N, int 
   const int chunks = std::min(kMaxChunks, std::max(1, N / 64));
   const int R = (N + chunks - 1) / chunks;
   const int used = (N + R - 1) / R;
-  if (size_t(used) * nw * sizeof(float) > (size_t(1) << 20)) return false;  // the scratch's capacity
+  if (size_t(used) * nw * sizeof(float) > ::lrnn::cuda::kScratchBytes) return false;
   float* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(used) * nw * sizeof(float)));
   hw_partial_kernel<<<unsigned(used), kThreads, 0, ::lrnn::cuda::stream()>>>(part, dy, x, N, R, nw, I, O, ldx, ldy);
   LRNN_CUDA_LAUNCH_CHECK();

@@ -13,6 +13,8 @@
 #include "ops/mlstm_cell/mlstm_cell_cuda.h"
 #include "core/check.h"
 #include "cuda/runtime.h"
+#include "cuda/rows.cuh"
+#include "cuda/tile.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -350,11 +352,7 @@ __device__ __forceinline__ float row_dot(const float* a, const float* b, int D) 
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using ::lrnn::cuda::warp_sum;
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ void fma4(float (&acc)[4], float4 m, float x) {
   acc[0] = fmaf(m.x, x, acc[0]);
@@ -578,20 +576,13 @@ using ::lrnn::cuda::max_smem_optin;
 std::atomic<int> g_kernel{int(MlstmKernel::Auto)};
 
 // Shared memory of the tile kernel for these dims, or 0 where the recurrent kernels run.
-template <auto Kernel>
+// Whether the tile kernels run follows from the backward's size, for the forward too (a tile
+// forward writes no checkpoints for a recurrent backward).
 size_t tile_bytes(const MLSTMDims& d, bool bwd) {
   if (MlstmKernel(g_kernel.load()) != MlstmKernel::Auto) return 0;
-  // Whether the tile kernels run follows from the backward's size, for the forward too (a tile
-  // forward writes no checkpoints for a recurrent backward).
   const size_t need = sizeof(float) * size_t(tile_smem(d.T, d.D, true).total);
   if (need > std::min<size_t>(kTileMaxSmem, size_t(max_smem_optin()))) return 0;
-  const size_t bytes = sizeof(float) * size_t(tile_smem(d.T, d.D, bwd).total);
-  static const bool allowed = [] {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTileMaxSmem)));
-    return true;
-  }();
-  (void)allowed;
-  return bytes;
+  return sizeof(float) * size_t(tile_smem(d.T, d.D, bwd).total);
 }
 
 template <int DT>
@@ -603,24 +594,14 @@ struct TileBackward {
   static constexpr auto fn = mlstm_tile_backward<DT>;
 };
 
-// Launches K<DT>::fn, a block per (b,h), with DT = d.D where it is 16, 32 or 64 (else 0: any),
-// if its shared memory fits; false where the recurrent kernels must run instead.
+// Launches K<DT>::fn, a block per (b,h), if its shared memory fits; false where the recurrent
+// kernels must run instead.
 template <template <int> class K, class... Args>
 bool launch_tile(const MLSTMDims& d, bool bwd, Args... args) {
-  auto go = [&](auto dt) {
-    constexpr auto kernel = K<decltype(dt)::value>::fn;
-    const size_t bytes = tile_bytes<kernel>(d, bwd);
-    if (!bytes) return false;
-    kernel<<<unsigned(d.B * d.H), kTileThreads, bytes, ::lrnn::cuda::stream()>>>(args...);
-    LRNN_CUDA_LAUNCH_CHECK();
-    return true;
-  };
-  switch (d.D) {
-    case 16: return go(std::integral_constant<int, 16>{});
-    case 32: return go(std::integral_constant<int, 32>{});
-    case 64: return go(std::integral_constant<int, 64>{});
-    default: return go(std::integral_constant<int, 0>{});
-  }
+  const size_t bytes = tile_bytes(d, bwd);
+  if (!bytes) return false;
+  ::lrnn::cuda::launch_by_head_dim<K>(d.D, unsigned(d.B * d.H), kTileThreads, bytes, kTileMaxSmem, args...);
+  return true;
 }
 
 template <class K>

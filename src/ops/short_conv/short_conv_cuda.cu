@@ -52,7 +52,9 @@ constexpr int kMaxWinK = 4;      // largest K of the sliding-window kernels
 constexpr int kMinChunk = 8;     // shortest chunk of time steps (the halo is K-1 steps)
 constexpr int kFwdPrefetch = 3;  // time steps loaded ahead (bytes in flight per thread)
 constexpr int kBwdPrefetch = 2;
-constexpr long long kScratchFloats = (1 << 20) / sizeof(float);  // lrnn::cuda::scratch capacity
+// The partials use at most 1 MiB of lrnn::cuda::scratch (the budget these kernels were measured
+// with; the scratch holds kScratchBytes).
+constexpr long long kScratchFloats = (1 << 20) / sizeof(float);
 
 template <int VW>
 __device__ __forceinline__ void zero(float (&r)[VW]) {
