@@ -1,8 +1,8 @@
 // CUDA sLSTM cell (contract: slstm_cell_cuda.h / slstm_cell.h). Head dims 8, 16 and 32 run the
 // lane kernels (below: a group of lanes per sequence, no barriers). Other head dims run the
-// block kernels: one block per (batch row b, head h) walks the tokens in order; its threads stride over the 4*D gate pre-activations (the
-// recurrent term reads y_{t-1} of the head from shared memory and R from global/L2), then over
-// the D units (the pointwise update). State c, n, m and y_{t-1} live in shared memory.
+// block kernels: one block per (batch row b, head h) walks the tokens in order; its threads
+// stride over the 4*D gate pre-activations (the recurrent term reads y_{t-1} of the head from
+// shared memory and R from global/L2), then over the D units (the pointwise update). State c, n, m and y_{t-1} live in shared memory.
 // Backward walks the tokens in reverse with the carried dy (R^T dg), dc, dn in shared memory;
 // dR [D][4D] and dbias [4D] of the head are summed in shared memory when they fit (else straight
 // into global memory with atomics) and added to the outputs with one atomicAdd per element.
