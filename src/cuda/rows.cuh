@@ -87,6 +87,17 @@ __device__ __forceinline__ float group_sum(float v) {
 }
 __device__ __forceinline__ float warp_sum(float v) { return group_sum<32>(v); }
 
+// The sum of squares of a row held by a group of G lanes as load_row leaves it.
+template <int VW, int G, int NCH>
+__device__ __forceinline__ float row_sum_squares(const float (&v)[NCH][VW]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i)
+#pragma unroll
+    for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
+  return group_sum<G>(ss);
+}
+
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // A row of D floats read as vectors of VW: G lanes per row (4..32; groups of 32 hold NCH = 2, 4

@@ -221,7 +221,7 @@ void headwise_linear_forward(float* y, const float* x, const float* W, const flo
     gemm_batched(false, true, N, O, I, 1.f, x, ldx, I, W, I, (long long)O * I, bias ? 1.f : 0.f, y, ldy, O, H);
     return;
   }
-  if (quad_ok(I, O, ldx, ldy, {y, x, W})) {
+  if (quad_ok(I, O, ldx, ldy, {y, x})) {
     hw4_forward<<<::lrnn::cuda::blocks_for(size_t(N) * H, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
         y, x, W, bias, N, H, ldx, ldy);
     LRNN_CUDA_LAUNCH_CHECK();
@@ -237,7 +237,7 @@ void headwise_linear_backward(float* dx, float* dW, float* dbias, const float* d
   if (!ldx) ldx = H * I;
   if (!ldy) ldy = H * O;
   if (N <= 0 || H <= 0 || I <= 0 || O <= 0) return;
-  if (quad_ok(I, O, ldx, ldy, {dx, dy, x, W})) {
+  if (quad_ok(I, O, ldx, ldy, {dx, dy, x})) {
     // Chunks of R rows: about 32k threads, within the scratch.
     const size_t per = size_t(H) * 20 * sizeof(float);
     const int want = std::max(1, int((size_t(32768) + H - 1) / H));

@@ -20,6 +20,7 @@ using ::lrnn::cuda::load_ro;
 using ::lrnn::cuda::load_row;
 using ::lrnn::cuda::load_rw;
 using ::lrnn::cuda::plan_row;
+using ::lrnn::cuda::row_sum_squares;
 using ::lrnn::cuda::RowPlan;
 using ::lrnn::cuda::store;
 using ::lrnn::cuda::warp_sum;
@@ -43,12 +44,7 @@ __global__ void __launch_bounds__(kThreads) l2norm_fwd_vec(float* __restrict__ y
   float* yr = y + size_t(n) * ldy + size_t(h) * D;
   float v[NCH][VW];
   load_row<VW, G, NCH>(v, xr, D, gl, ok);
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < NCH; ++i)
-#pragma unroll
-    for (int k = 0; k < VW; ++k) ss += v[i][k] * v[i][k];
-  ss = group_sum<G>(ss);
+  const float ss = row_sum_squares<VW, G, NCH>(v);
   const float r = 1.f / sqrtf(ss + eps);
   if (ok && gl == 0) rstd[row] = r;
 #pragma unroll
