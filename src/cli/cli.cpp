@@ -1,11 +1,14 @@
 // The `lrnn` command line: train, eval, data, predict, sweep.
 #include "cli/cli.h"
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <CLI/CLI.hpp>
 #include "core/check.h"
+#include "core/version.h"
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
@@ -42,15 +45,58 @@ LoadedRun load_run(const fs::path& dir, std::vector<std::string> overrides, cons
   return r;
 }
 
-void print_eval_table(const nlohmann::json& e) {
-  std::fprintf(stderr, "%-14s %-10s %-10s %s\n", "lengths", "accuracy", "scaled", "samples");
-  auto row = [](const nlohmann::json& x) {
-    std::string lens = fmt::format("{}-{}", int(x["lengths"][0]), int(x["lengths"][1]));
-    std::fprintf(stderr, "%-14s %-10.4f %-10.4f %lld\n", lens.c_str(), double(x["accuracy"]),
-                 double(x["scaled_accuracy"]), (long long)x["samples"]);
+// One row per range: lengths, accuracy, the task's metric, samples.
+struct EvalRow {
+  std::string lengths, note;
+  double accuracy, metric;
+  long long samples;
+};
+
+// The result of an evaluation as a short table: the training lengths, the evaluation lengths, and
+// the evaluation lengths in up to eight bins (Answer tasks: the metric over each bin's samples;
+// Prefix tasks: sequence accuracy up to the bin's last length). The full numbers are in the JSON.
+std::string eval_table(const nlohmann::json& e) {
+  const bool prefix = e.value("metric", "") == "sequence_accuracy_up_to_length";
+  const char* metric = prefix ? "seq. acc." : "scaled";
+  std::vector<EvalRow> rows;
+  auto whole = [&](const nlohmann::json& x, const std::string& note) {
+    rows.push_back({fmt::format("{}-{}", int(x["lengths"][0]), int(x["lengths"][1])), note, double(x["accuracy"]),
+                    double(x["scaled_accuracy"]), (long long)x["samples"]});
   };
-  if (e.contains("train_range")) row(e["train_range"]);
-  row(e);
+  if (e.contains("train_range")) whole(e["train_range"], "training lengths");
+  whole(e, "evaluation lengths");
+  // Bins over the evaluation lengths.
+  std::vector<std::pair<int, nlohmann::json>> per;
+  for (auto& [k, v] : e["per_length"].items()) per.emplace_back(std::stoi(k), v);
+  std::sort(per.begin(), per.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  if (per.size() > 1) {
+    const size_t bins = std::min<size_t>(8, per.size());
+    for (size_t b = 0; b < bins; ++b) {
+      size_t lo = b * per.size() / bins, hi = (b + 1) * per.size() / bins;  // [lo, hi)
+      if (lo >= hi) continue;
+      EvalRow r{fmt::format("  {}-{}", per[lo].first, per[hi - 1].first), "", 0, 0, 0};
+      if (prefix) {  // sequence accuracy up to the bin's last length
+        r.accuracy = r.metric = double(per[hi - 1].second["accuracy"]);
+        r.samples = (long long)per[hi - 1].second["n"];
+      } else {  // pooled over the bin's samples
+        double acc = 0, sc = 0;
+        for (size_t i = lo; i < hi; ++i) {
+          double n = double(per[i].second["n"]);
+          acc += n * double(per[i].second["accuracy"]);
+          sc += n * double(per[i].second["scaled_accuracy"]);
+          r.samples += (long long)n;
+        }
+        r.accuracy = r.samples ? acc / double(r.samples) : 0;
+        r.metric = r.samples ? sc / double(r.samples) : 0;
+      }
+      rows.push_back(r);
+    }
+  }
+  std::string out = fmt::format("{:<14}{:>10}{:>11}{:>9}\n", "lengths", "accuracy", metric, "samples");
+  for (auto& r : rows)
+    out += fmt::format("{:<14}{:>10.4f}{:>11.4f}{:>9}{}\n", r.lengths, r.accuracy, r.metric, r.samples,
+                       r.note.empty() ? "" : "  (" + r.note + ")");
+  return out;
 }
 
 int cmd_train(const std::string& config, std::vector<std::string> sets, std::string out, const std::string& resume,
@@ -74,32 +120,64 @@ int cmd_train(const std::string& config, std::vector<std::string> sets, std::str
   }
   std::fprintf(stderr, "lrnn train: %s -> %s\n", cfg.source.c_str(), opt.out_dir.string().c_str());
   TrainSummary s = train(cfg, opt);
+  if (s.interrupted) {
+    std::fprintf(stderr, "lrnn: stopped by %s after step %lld of %lld; checkpoint saved in %s\n"
+                 "continue with: lrnn train --resume %s\n",
+                 s.interrupted == SIGINT ? "Ctrl-C (SIGINT)" : strsignal(s.interrupted), (long long)s.steps,
+                 (long long)cfg.training.num_steps, opt.out_dir.c_str(), opt.out_dir.c_str());
+    // Exit "by the signal", as a shell expects of a program that was interrupted (status 128 + n).
+    std::fflush(nullptr);
+    std::signal(s.interrupted, SIG_DFL);
+    std::raise(s.interrupted);
+    return 128 + s.interrupted;
+  }
   std::fprintf(stderr, "done: %lld steps (%lld skipped) in %.1f s, final loss %.4f\n", (long long)s.steps,
                (long long)s.skipped, s.seconds, s.final_loss);
-  print_eval_table(s.eval);
+  std::fprintf(stderr, "%s", eval_table(s.eval).c_str());
   std::printf("%s\n", nlohmann::json{{"run", opt.out_dir.string()}, {"steps", s.steps}, {"seconds", s.seconds},
                                      {"accuracy", s.eval["accuracy"]}, {"scaled_accuracy", s.eval["scaled_accuracy"]}}
                           .dump().c_str());
   return 0;
 }
 
-int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const std::string& device) {
+int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const std::string& device, bool json) {
+  for (auto& a : sets)
+    if (a.rfind("task.", 0) != 0)
+      LRNN_USER_ERROR("eval: --set {}: only task.* keys apply when evaluating a saved run (e.g. --set "
+                      "task.eval_len=[40,512]); the model and its training are what the run saved", a);
   LoadedRun r = load_run(run, sets, device);
   nlohmann::json e = evaluate_run(r.engine->logits_fn(), r.model().vocab_size(), r.cfg);
-  print_eval_table(e);
-  std::printf("%s\n", e.dump().c_str());
+  // Next to the run's own eval.json, named after the lengths, so evaluations at other lengths
+  // never overwrite each other or the training's result.
+  const auto& t = r.cfg.task;
+  fs::path file = fs::path(run) / fmt::format("eval_{}-{}.json", t.eval_len[0], t.eval_len[1]);
+  io::write_file_atomic(file, e.dump(2) + "\n");
+  if (json) {
+    std::printf("%s\n", e.dump().c_str());
+  } else {
+    std::printf("%s", eval_table(e).c_str());
+    std::printf("wrote %s\n", file.c_str());
+  }
   return 0;
 }
 
-int cmd_data(const std::string& task_name, int n, int64_t seed, const std::vector<std::string>& sets,
-             const std::string& split, int length) {
+int cmd_data(const std::string& config, const std::string& task_name, int n, int64_t seed,
+             const std::vector<std::string>& sets, const std::string& split, int length) {
   YAML::Node root(YAML::NodeType::Map);
-  root["task"]["name"] = task_name;
+  std::string where = "--set";
+  if (!config.empty()) {
+    // The task block of an experiment config (the data a run of it trains on); --set task.* on top.
+    YAML::Node file = io::load_yaml_file(config);
+    if (file["task"]) root["task"] = file["task"];
+    where = config;
+  } else {
+    root["task"]["name"] = task_name;
+  }
   for (auto& s : sets) io::apply_override(root, s);
   for (auto it = root.begin(); it != root.end(); ++it)
     if (it->first.as<std::string>() != "task") LRNN_USER_ERROR("data: --set {}.*: only task.* keys apply here", it->first.as<std::string>());
   TaskConfig tc;
-  io::Schema s("--set", "task");
+  io::Schema s(where, "task");
   tc.describe(s);
   s.parse(root["task"]);
   auto task = create_task(tc);
@@ -130,6 +208,14 @@ int cmd_predict(const std::string& run, const std::string& tokens_text, bool ful
   }
   if (tok.empty()) LRNN_USER_ERROR("predict: --tokens: give at least one token id, e.g. --tokens \"1 2 2 1\"");
   auto task = create_task(r.cfg.task);
+  for (int32_t x : tok)
+    if (x == task->pad_token())
+      LRNN_USER_ERROR("predict: --tokens: {} is the padding token of task {} ({}); the model never reads it as input",
+                      x, r.cfg.task.name, task->token_name(x));
+  // A model trained on samples that start with BOS sees one in front of what the user typed.
+  const int bos = task->bos_token();
+  const bool add_bos = bos >= 0 && tok.front() != bos;
+  if (add_bos) tok.insert(tok.begin(), bos);
   Batch b;
   b.B = 1;
   b.T = int(tok.size());
@@ -146,7 +232,9 @@ int cmd_predict(const std::string& run, const std::string& tokens_text, bool ful
     if (full_logits || V <= 64) p["logits"] = std::vector<float>(row, row + V);
     pos.push_back(p);
   }
-  std::printf("%s\n", nlohmann::json{{"run", run}, {"positions", pos}}.dump().c_str());
+  nlohmann::json out = {{"run", run}, {"positions", pos}};
+  if (add_bos) out["bos_added"] = bos;
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 
@@ -170,9 +258,13 @@ int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_
 }  // namespace
 
 int run(int argc, char** argv) {
-  CLI::App app{"lrnn: linear RNNs that track state (DeltaNet, eigenvalues in [0,1] or [-1,1])", "lrnn"};
+  CLI::App app{"lrnn: linear RNNs that track state (DeltaNet, Mamba, DeltaProduct, ...; eigenvalues in [0,1] or [-1,1])",
+               "lrnn"};
+  app.footer(fmt::format("Tasks (task.name): {}\nModel types (model.model_type): {}\n"
+                         "Config keys, run directory files: README.md; experiments and sweeps: docs/EXPERIMENTS.md",
+                         fmt::join(task_names(), ", "), fmt::join(model_types(), ", ")));
   app.require_subcommand(1);
-  app.set_version_flag("--version", "lrnn 0.1.0");
+  app.set_version_flag("--version", version_line());
 
   std::string config, out, resume, run_dir, task = "parity", split = "train", tokens, device;
   const auto devices = CLI::IsMember({"cpu", "cuda"});
@@ -193,9 +285,14 @@ int run(int argc, char** argv) {
   eval->add_option("--run", run_dir, "run directory")->required();
   eval->add_option("--set", sets, "override task.* keys");
   eval->add_option("--device", device, "cpu or cuda (default: the run's training.device)")->check(devices);
+  bool eval_json = false;
+  eval->add_flag("--json", eval_json, "print the whole result as JSON instead of the table");
 
   auto* data = app.add_subcommand("data", "print task samples as JSON lines");
-  data->add_option("--task", task, "task name")->capture_default_str();
+  std::string data_config;
+  auto* data_task = data->add_option("--task", task, "task name (" + fmt::format("{}", fmt::join(task_names(), ", ")) + ")")
+                        ->capture_default_str();
+  data->add_option("--config", data_config, "take the task block of this experiment YAML")->excludes(data_task);
   data->add_option("--n", n, "number of samples")->capture_default_str()->check(CLI::Range(1, 1000000));
   data->add_option("--seed", seed, "seed")->capture_default_str();
   data->add_option("--split", split, "train lengths or eval lengths")->check(CLI::IsMember({"train", "eval"}))->capture_default_str();
@@ -230,8 +327,8 @@ int run(int argc, char** argv) {
   }
   try {
     if (*train) return cmd_train(config, sets, out, resume, force, device);
-    if (*eval) return cmd_eval(run_dir, sets, device);
-    if (*data) return cmd_data(task, n, seed, sets, split, length);
+    if (*eval) return cmd_eval(run_dir, sets, device, eval_json);
+    if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
   } catch (const UserError& e) {

@@ -34,6 +34,16 @@ std::string device_name() {
                      double(p.totalGlobalMem) / double(1 << 30));
 }
 
+static std::string cuda_version_text(int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
+std::string driver_version() {
+  int v = 0;
+  return cudaDriverGetVersion(&v) == cudaSuccess && v > 0 ? cuda_version_text(v) : "none";
+}
+std::string runtime_version() {
+  int v = 0;
+  return cudaRuntimeGetVersion(&v) == cudaSuccess ? cuda_version_text(v) : "unknown";
+}
+
 namespace {
 int device_attr(cudaDeviceAttr what) {
   int dev = 0, x = 0;

@@ -28,6 +28,9 @@ namespace lrnn::cuda {
 bool available();
 // A one-line description of device 0 ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
 std::string device_name();
+// The CUDA driver and runtime versions as "13.0" (for a run's provenance).
+std::string driver_version();
+std::string runtime_version();
 // Streaming multiprocessors of the current device (queried once).
 int num_sms();
 // The most shared memory one block may opt in to, in bytes (queried once).

@@ -166,4 +166,48 @@ YAML::Node load_yaml_file(const std::string& path) {
   }
 }
 
+std::optional<double> scalar_number(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  YAML::Node n(text);
+  try {
+    return n.as<double>();
+  } catch (const YAML::Exception&) {
+    return std::nullopt;
+  }
+}
+
+void tidy_numbers(YAML::Node& resolved, const YAML::Node& spelled) {
+  if (resolved.IsMap()) {
+    for (auto it = resolved.begin(); it != resolved.end(); ++it) {
+      YAML::Node child = it->second;  // a handle: edits land in `resolved`
+      const std::string key = it->first.as<std::string>();
+      YAML::Node user = spelled && spelled.IsMap() ? spelled[key] : YAML::Node();
+      tidy_numbers(child, user);
+    }
+    return;
+  }
+  if (resolved.IsSequence()) {
+    for (size_t i = 0; i < resolved.size(); ++i) {
+      YAML::Node child = resolved[i];
+      YAML::Node user = spelled && spelled.IsSequence() && i < spelled.size() ? spelled[i] : YAML::Node();
+      tidy_numbers(child, user);
+    }
+    return;
+  }
+  if (!resolved.IsScalar()) return;
+  const std::string text = resolved.Scalar();
+  auto v = scalar_number(text);
+  if (!v || text.find_first_of(".eE") == std::string::npos) return;  // not a number, or an integer
+  if (spelled && spelled.IsScalar()) {
+    auto u = scalar_number(spelled.Scalar());
+    if (u && *u == *v) {
+      resolved = spelled.Scalar();
+      return;
+    }
+  }
+  std::string shortest = fmt::format("{}", *v);
+  if (shortest.find_first_of(".eEn") == std::string::npos) shortest += ".0";  // stays a float: 1 -> 1.0
+  resolved = shortest;
+}
+
 }  // namespace lrnn::io

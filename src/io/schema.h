@@ -50,4 +50,11 @@ class Schema {
 void apply_override(YAML::Node& root, const std::string& assignment);
 YAML::Node load_yaml_file(const std::string& path);
 
+// Numbers in a resolved config as a person writes them: a value the user spelled (in `spelled`,
+// the same tree as the user's YAML) keeps that spelling ("5.0e-3"); any other non-integer number
+// gets its shortest exact form ("0.1", not yaml-cpp's "0.10000000000000001"). Other scalars stay.
+void tidy_numbers(YAML::Node& resolved, const YAML::Node& spelled);
+// The number a scalar's whole text denotes, if it is one.
+std::optional<double> scalar_number(const std::string& text);
+
 }  // namespace lrnn::io

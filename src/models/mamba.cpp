@@ -254,37 +254,48 @@ void MambaCore<T, Ops>::backward(const T* P, T* G) {
 
 template <class T>
 nlohmann::json Mamba<T>::hf_config() const {
-  // HF transformers' MambaConfig keys, so the checkpoint loads with MambaForCausalLM (plus the
-  // eigenvalue-range key, which stock transformers ignores: it then runs the [0,1] model).
-  return {{"model_type", "mamba"},
-          {"architectures", {"MambaForCausalLM"}},
-          {"vocab_size", net_.cfg.vocab_size},
-          {"hidden_size", net_.cfg.hidden_size},
-          {"state_size", net_.cfg.state_size},
-          {"num_hidden_layers", net_.cfg.num_hidden_layers},
-          {"layer_norm_epsilon", net_.cfg.layer_norm_epsilon},
-          {"pad_token_id", 0},
-          {"bos_token_id", 0},
-          {"eos_token_id", 0},
-          {"expand", net_.cfg.expand},
-          {"intermediate_size", net_.cfg.d_inner()},
-          {"conv_kernel", net_.cfg.conv_kernel},
-          {"use_bias", net_.cfg.use_bias},
-          {"use_conv_bias", net_.cfg.use_conv_bias},
-          {"hidden_act", "silu"},
-          {"initializer_range", net_.cfg.initializer_range},
-          {"residual_in_fp32", true},
-          {"time_step_rank", net_.cfg.dt_rank()},
-          {"time_step_scale", net_.cfg.time_step_scale},
-          {"time_step_min", net_.cfg.time_step_min},
-          {"time_step_max", net_.cfg.time_step_max},
-          {"time_step_init_scheme", net_.cfg.time_step_init_scheme},
-          {"time_step_floor", net_.cfg.time_step_floor},
-          {"rescale_prenorm_residual", net_.cfg.rescale_prenorm_residual},
-          {"use_cache", true},
-          {"use_mambapy", false},
-          {"tie_word_embeddings", false},
-          {"allow_neg_eigval", net_.cfg.allow_neg_eigval}};
+  // HF transformers' MambaConfig keys, so the [0,1] checkpoint loads with MambaForCausalLM.
+  nlohmann::json j = {{"model_type", "mamba"},
+                      {"architectures", {"MambaForCausalLM"}},
+                      {"vocab_size", net_.cfg.vocab_size},
+                      {"hidden_size", net_.cfg.hidden_size},
+                      {"state_size", net_.cfg.state_size},
+                      {"num_hidden_layers", net_.cfg.num_hidden_layers},
+                      {"layer_norm_epsilon", net_.cfg.layer_norm_epsilon},
+                      {"pad_token_id", 0},
+                      {"bos_token_id", 0},
+                      {"eos_token_id", 0},
+                      {"expand", net_.cfg.expand},
+                      {"intermediate_size", net_.cfg.d_inner()},
+                      {"conv_kernel", net_.cfg.conv_kernel},
+                      {"use_bias", net_.cfg.use_bias},
+                      {"use_conv_bias", net_.cfg.use_conv_bias},
+                      {"hidden_act", "silu"},
+                      {"initializer_range", net_.cfg.initializer_range},
+                      {"residual_in_fp32", true},
+                      {"time_step_rank", net_.cfg.dt_rank()},
+                      {"time_step_scale", net_.cfg.time_step_scale},
+                      {"time_step_min", net_.cfg.time_step_min},
+                      {"time_step_max", net_.cfg.time_step_max},
+                      {"time_step_init_scheme", net_.cfg.time_step_init_scheme},
+                      {"time_step_floor", net_.cfg.time_step_floor},
+                      {"rescale_prenorm_residual", net_.cfg.rescale_prenorm_residual},
+                      {"use_cache", true},
+                      {"use_mambapy", false},
+                      {"tie_word_embeddings", false},
+                      {"allow_neg_eigval", net_.cfg.allow_neg_eigval}};
+  if (net_.cfg.allow_neg_eigval) {
+    // Stock transformers has no [-1,1] Mamba: MambaForCausalLM would load these weights without a
+    // word and compute the [0,1] model. So the [-1,1] checkpoint is a custom architecture (HF's
+    // convention): its own model_type, and auto_map naming the classes of src/models/hf/
+    // modeling_lrnn_mamba.py, which save_model writes beside config.json (Model::hf_files).
+    // It loads only with trust_remote_code=True; without it transformers refuses.
+    j["model_type"] = "lrnn_mamba";
+    j["architectures"] = {"LrnnMambaForCausalLM"};
+    j["auto_map"] = {{"AutoConfig", "modeling_lrnn_mamba.LrnnMambaConfig"},
+                     {"AutoModelForCausalLM", "modeling_lrnn_mamba.LrnnMambaForCausalLM"}};
+  }
+  return j;
 }
 
 template <class T>

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 #include "core/params.h"
+#include "models/hf/hf_files.h"
 
 namespace lrnn {
 
@@ -27,6 +29,11 @@ class Model {
   virtual int vocab_size() const = 0;
   // The public implementation's config (fla / HF `config.json`).
   virtual nlohmann::json hf_config() const = 0;
+  // Further files the run directory needs beside config.json (file name -> contents): the code of
+  // a custom architecture where no peer class computes this model (HF's convention: config.json's
+  // `auto_map` names "module.Class", loaded with trust_remote_code=True). By default the files of
+  // src/models/hf/ that hf_config()'s auto_map names; empty for models a peer library loads.
+  virtual std::vector<std::pair<std::string, std::string>> hf_files() const { return hf::files_for(hf_config()); }
   // The model block as lrnn resolved it (written into the run's config.yaml).
   virtual YAML::Node resolved_config() const = 0;
 

@@ -56,6 +56,8 @@ class Task {
   virtual std::string name() const = 0;
   virtual int vocab_size() const = 0;
   virtual int pad_token() const = 0;
+  // The token every sample starts with (input and target), or -1 when samples have none.
+  virtual int bos_token() const { return -1; }
   virtual double chance() const = 0;  // accuracy of guessing one supervised label
   virtual EvalKind eval_kind() const { return EvalKind::Answer; }
   // Sample number `id` of a split, of total length `len` (as the task counts length).

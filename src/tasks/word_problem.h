@@ -35,7 +35,7 @@ class WordProblemTask final : public Task {
   std::string name() const override { return "word_problem"; }
   int vocab_size() const override;
   int pad_token() const override { return group_.order(); }
-  int bos_token() const { return bos_ ? group_.order() + 1 : -1; }
+  int bos_token() const override { return bos_ ? group_.order() + 1 : -1; }
   int filler_token() const { return tokens_per_element_ > 1 ? group_.order() + 1 + int(bos_) : -1; }
   double chance() const override { return 1.0 / group_.order(); }
   EvalKind eval_kind() const override { return EvalKind::Prefix; }

@@ -1,4 +1,5 @@
 #include "train/checkpoint.h"
+#include <algorithm>
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 
@@ -15,7 +16,24 @@ static io::SafeTensors params_to_st(const ParamLayout& layout, const float* data
 void save_model(const fs::path& dir, const Model<float>& model) {
   io::SafeTensors st = params_to_st(model.layout(), model.params.data(), "");
   io::write_safetensors(dir / "model.safetensors", st);
+  // The code a custom architecture's config.json names (auto_map) goes first, so config.json never
+  // names a missing file; after config.json, code this model does not use (left in the directory
+  // by an earlier run of another model) goes, so no stale file contradicts config.json.
+  const auto files = model.hf_files();
+  auto needed = [&](const std::string& name) {
+    return std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
+  };
+  for (const auto& [name, text] : files) {
+    LRNN_CHECK(!name.empty() && fs::path(name).filename() == name && name != "config.json" &&
+                   name != "model.safetensors",
+               "hf_files: '{}' is not a plain file name of its own", name);
+    io::write_file_atomic(dir / name, text);
+  }
   io::write_file_atomic(dir / "config.json", model.hf_config().dump(2) + "\n");
+  for (const auto& f : hf::embedded_files()) {
+    std::error_code ec;
+    if (!needed(f.first)) fs::remove(dir / f.first, ec);
+  }
 }
 
 template <class T>
@@ -47,6 +65,7 @@ void save_train_state(const fs::path& dir, const Model<float>& model, const Trai
   st.metadata["step"] = std::to_string(s.step);
   st.metadata["adam_step"] = std::to_string(s.adam_step);
   st.metadata["skipped"] = std::to_string(s.skipped);
+  if (!s.schedule.empty()) st.metadata["schedule"] = s.schedule;
   // The parameters at this step travel in the same file, so state and weights can never disagree.
   io::SafeTensors sp = params_to_st(model.layout(), model.params.data(), "param.");
   for (auto& t : sp.tensors) st.tensors.push_back(std::move(t));
@@ -67,6 +86,7 @@ TrainState load_train_state(const fs::path& dir, Model<float>& model) {
   s.step = num("step");
   s.adam_step = num("adam_step");
   s.skipped = num("skipped");
+  if (auto it = st.metadata.find("schedule"); it != st.metadata.end()) s.schedule = it->second;
   s.m.assign(model.layout().total(), 0.f);
   s.v.assign(model.layout().total(), 0.f);
   fill_from(st, file.string(), model.layout(), "adam_m.", s.m.data());

@@ -13,6 +13,9 @@ struct TrainState {
   int64_t adam_step = 0;    // updates actually applied (AdamW bias correction)
   int64_t skipped = 0;      // non-finite steps skipped
   std::vector<float> m, v;  // AdamW moments, same layout as the parameters
+  // The learning-rate schedule the run was started with (JSON: num_steps, warmup_steps, lr,
+  // min_lr), so that a resume can refuse to bend it; empty in checkpoints that predate it.
+  std::string schedule;
 };
 
 void save_model(const std::filesystem::path& dir, const Model<float>& model);

@@ -47,6 +47,7 @@ ExperimentConfig ExperimentConfig::load(const std::string& path, const std::vect
 ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string& source) {
   ExperimentConfig c;
   c.source = source;
+  c.spelled = YAML::Clone(root);
   for (auto it = root.begin(); it != root.end(); ++it) {
     std::string k = it->first.as<std::string>();
     if (k != "training" && k != "model" && k != "task" && k != "logging")
@@ -85,6 +86,7 @@ YAML::Node ExperimentConfig::to_yaml() const {
   root["model"] = YAML::Clone(model);
   { io::Schema s("", "task"); k.describe(s); root["task"] = s.dump(); }
   { io::Schema s("", "logging"); l.describe(s); root["logging"] = s.dump(); }
+  io::tidy_numbers(root, spelled);
   return root;
 }
 

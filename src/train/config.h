@@ -41,6 +41,7 @@ struct ExperimentConfig {
   TaskConfig task;
   LoggingConfig logging;
   std::string source;              // where it came from, for messages
+  YAML::Node spelled;              // the YAML as given (file + --set), for numbers as the user wrote them
 
   // Loads a YAML file, applies `--set` overrides, validates. Throws UserError.
   static ExperimentConfig load(const std::string& path, const std::vector<std::string>& overrides);

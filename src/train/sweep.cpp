@@ -427,7 +427,8 @@ std::vector<std::string> config_differences(const ExperimentConfig& a, const Exp
     if (ignored_key(k)) continue;
     auto ia = fa.find(k), ib = fb.find(k);
     std::string va = ia == fa.end() ? "(absent)" : ia->second, vb = ib == fb.end() ? "(absent)" : ib->second;
-    if (va != vb) diff.push_back(fmt::format("{}: {} vs {}", k, va, vb));
+    auto na = io::scalar_number(va), nb = io::scalar_number(vb);  // 5e-3 and 0.005 are the same lr
+    if (va != vb && !(na && nb && *na == *nb)) diff.push_back(fmt::format("{}: {} vs {}", k, va, vb));
   }
   return diff;
 }

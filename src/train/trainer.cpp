@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <omp.h>
 #include "io/atomic_file.h"
@@ -12,6 +13,7 @@
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 #include "train/engine.h"
+#include "train/provenance.h"
 #include "train/schedule.h"
 
 namespace lrnn {
@@ -47,6 +49,14 @@ void truncate_metrics(const fs::path& file, int64_t step) {
   io::write_file_atomic(file, kept);
 }
 
+// Columns of the terminal on stderr (COLUMNS, then 80, when it cannot be asked).
+int terminal_columns() {
+  struct winsize w {};
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0) return std::atoi(c);
+  return 80;
+}
+
 struct Progress {
   std::string mode;
   int64_t total;
@@ -67,11 +77,23 @@ struct Progress {
     if (mode == "bar") {
       if (step != total && Clock::now() - last_draw < std::chrono::milliseconds(100)) return;
       last_draw = Clock::now();
-      int width = 24, fill = int(width * double(step) / std::max<int64_t>(total, 1));
-      std::fprintf(stderr, "\r%3d%%|%s%s| %lld/%lld [%s<%s, %.2f it/s] loss %.4f lr %.2e ",
-                   int(100.0 * step / std::max<int64_t>(total, 1)), std::string(fill, '#').c_str(),
-                   std::string(width - fill, ' ').c_str(), (long long)step, (long long)total,
-                   hms(el).c_str(), hms(eta).c_str(), rate, loss, lr);
+      // Fit the terminal's width (read on every draw: terminals get resized): the bar takes what
+      // the text leaves; on a narrow terminal the learning rate, then the rate, are dropped.
+      const int cols = terminal_columns();
+      const int pct = int(100.0 * step / std::max<int64_t>(total, 1));
+      std::string counts = fmt::format(" {}/{}", step, total);
+      std::string times = fmt::format(" [{}<{}, {:.2f} it/s]", hms(el), hms(eta), rate);
+      std::string tail = fmt::format(" loss {:.4f} lr {:.2e}", loss, lr);
+      auto room = [&] { return cols - 1 - 6 - int(counts.size() + times.size() + tail.size()); };
+      if (room() < 10) tail = fmt::format(" loss {:.4f}", loss);
+      if (room() < 10) times = fmt::format(" [{}<{}]", hms(el), hms(eta));
+      if (room() < 10) times.clear();
+      const int width = std::clamp(room(), 0, 60);
+      const int fill = int(width * double(step) / std::max<int64_t>(total, 1));
+      std::string line = fmt::format("{:3d}%|{}{}|{}{}{}", pct, std::string(fill, '#'), std::string(width - fill, ' '),
+                                     counts, times, tail);
+      if (int(line.size()) > cols - 1) line.resize(size_t(std::max(cols - 1, 0)));
+      std::fprintf(stderr, "\r%s\033[K", line.c_str());  // \033[K: clear what a longer line left
       if (step == total) std::fprintf(stderr, "\n");
     } else if (mode == "lines" && log_line) {
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3e  %.2f it/s  elapsed %s  eta %s\n",
@@ -84,6 +106,73 @@ struct Progress {
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 };
+
+// SIGINT/SIGTERM while training: the first one asks the loop to stop after the current step
+// (it then saves a checkpoint); a second one aborts at once with the default action.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_train_signal(int sig) {
+  if (g_stop_signal) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+  const char msg[] = "\nlrnn: interrupted: finishing this step and saving a checkpoint "
+                     "(interrupt again to abort at once, losing the steps since the last checkpoint)\n";
+  if (::write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {}
+}
+
+struct TrainSignals {
+  bool on;
+  struct sigaction old_int {}, old_term {};
+  explicit TrainSignals(bool enable) : on(enable) {
+    g_stop_signal = 0;
+    if (!on) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_train_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // an interrupted write or read carries on
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    // A signal the parent chose to ignore (a background job's SIGINT, nohup) stays ignored.
+    if (old_int.sa_handler == SIG_IGN) sigaction(SIGINT, &old_int, nullptr);
+    if (old_term.sa_handler == SIG_IGN) sigaction(SIGTERM, &old_term, nullptr);
+  }
+  ~TrainSignals() {
+    if (!on) return;
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+  TrainSignals(const TrainSignals&) = delete;
+  TrainSignals& operator=(const TrainSignals&) = delete;
+};
+
+// The schedule keys a run's learning rate depends on, as saved in its training state.
+std::string schedule_json(const TrainingConfig& tc) {
+  return nlohmann::json{{"num_steps", tc.num_steps}, {"warmup_steps", tc.warmup_steps}, {"lr", tc.lr},
+                        {"min_lr", tc.min_lr}}.dump();
+}
+
+// A resume must continue the learning-rate schedule it was started with: changing num_steps,
+// warmup_steps, lr or min_lr would bend (or restart) the cosine in the middle of the run.
+void check_schedule(const std::string& saved, const TrainingConfig& tc, const fs::path& dir, int64_t step) {
+  if (saved.empty()) return;  // a checkpoint from before schedules were saved
+  auto old = nlohmann::json::parse(saved, nullptr, false);
+  if (!old.is_object()) LRNN_USER_ERROR("{}: train_state metadata 'schedule' is not valid JSON", dir.string());
+  auto now = nlohmann::json::parse(schedule_json(tc));
+  std::vector<std::string> changed;
+  for (auto& [k, v] : now.items())
+    if (!old.contains(k) || old[k] != v) changed.push_back(fmt::format("training.{} ({} -> {})", k, old.value(k, nlohmann::json()).dump(), v.dump()));
+  if (changed.empty()) return;
+  const double lr_then = lr_at(step, old.value("num_steps", tc.num_steps), old.value("warmup_steps", tc.warmup_steps),
+                               old.value("lr", tc.lr), old.value("min_lr", tc.min_lr));
+  const double lr_now = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
+  LRNN_USER_ERROR("{}: --resume would change the learning-rate schedule the run was started with: {}; at step {} "
+                  "the learning rate would jump from {:.4g} to {:.4g}. Resume with the run's own values, or "
+                  "start a new run.",
+                  dir.string(), fmt::join(changed, ", "), step, lr_then, lr_now);
+}
 
 // The CPU engine: data parallelism over cores (train/data_parallel.h), AdamW on the host.
 class CpuEngine final : public Engine {
@@ -178,15 +267,18 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     if (!fs::exists(dir / "train_state.safetensors"))
       LRNN_USER_ERROR("{}: nothing to resume (no train_state.safetensors)", dir.string());
     st = load_train_state(dir, *model);
+    check_schedule(st.schedule, tc, dir, st.step);
     truncate_metrics(dir / "metrics.jsonl", st.step);
   } else {
     fs::create_directories(dir);
     st.m.assign(P, 0.f);
     st.v.assign(P, 0.f);
     // Starting over: nothing of an earlier run in this directory may survive to be resumed.
-    for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json"})
+    for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json",
+                   "provenance.json", "modeling_lrnn_mamba.py"})
       std::remove((dir / f).c_str());
   }
+  st.schedule = schedule_json(tc);
   engine->start(st);
   io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
 
@@ -195,6 +287,8 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   Progress progress(cfg.logging.progress, tc.num_steps, opt.quiet);
   progress.message(fmt::format("training on {}", engine->describe()));
   const int64_t first = st.step;
+  ProvenanceLog provenance(dir, cfg, engine->describe(), first, opt.resume);
+  TrainSignals signals(opt.handle_signals);
   bool stopped_early = false;
   double loss = 0;
   int64_t tokens = 0, skipped_logged = st.skipped;
@@ -251,9 +345,22 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     }
     if (tc.checkpoint_every > 0 && st.step % tc.checkpoint_every == 0 && st.step < tc.num_steps) checkpoint();
     if (st.step == kill_after) std::raise(SIGKILL);
+    if (g_stop_signal && st.step < tc.num_steps) break;
   }
   checkpoint();
   TrainSummary sum;
+  if (g_stop_signal && st.step < tc.num_steps && !stopped_early) {
+    // Interrupted: the checkpoint above holds every step so far; the run is not finished, so no
+    // final evaluation and no eval.json.
+    sum.steps = st.step;
+    sum.skipped = st.skipped;
+    sum.final_loss = loss;
+    sum.interrupted = int(g_stop_signal);
+    sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string name = sum.interrupted == SIGINT ? "SIGINT" : sum.interrupted == SIGTERM ? "SIGTERM" : "a signal";
+    provenance.end(st.step, "interrupted by " + name);
+    return sum;
+  }
   sum.steps = st.step;
   sum.skipped = st.skipped;
   sum.stopped_early = stopped_early;
@@ -265,6 +372,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   log({{"type", "eval"}, {"step", st.step}, {"accuracy", sum.eval["accuracy"]},
        {"scaled_accuracy", sum.eval["scaled_accuracy"]}, {"train_scaled_accuracy", sum.eval["train_range"]["scaled_accuracy"]}});
   io::write_file_atomic(dir / "eval.json", sum.eval.dump(2) + "\n");
+  provenance.end(st.step, stopped_early ? "stopped early (training.stop_at)" : "finished");
   return sum;
 }
 

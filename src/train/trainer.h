@@ -1,6 +1,7 @@
 // The training loop: fresh task samples every step, AdamW with warmup + cosine, global-norm
 // clipping, skip-and-count of non-finite steps, periodic evaluation and atomic checkpoints.
-// A run resumed from its last checkpoint follows the uninterrupted run's loss step for step.
+// A run resumed from its last checkpoint follows the uninterrupted run's loss step for step;
+// Ctrl-C (SIGINT) or SIGTERM saves a checkpoint after the current step, so nothing is lost.
 #pragma once
 #include <filesystem>
 #include "train/config.h"
@@ -13,12 +14,16 @@ struct TrainOptions {
   std::filesystem::path out_dir;
   bool resume = false;  // continue the run in out_dir from its train_state
   bool quiet = false;   // no progress output at all (tests)
+  // SIGINT/SIGTERM end the run cleanly: the current step finishes, a checkpoint is written and
+  // train() returns with `interrupted` set; a second signal aborts at once.
+  bool handle_signals = true;
 };
 
 struct TrainSummary {
   int64_t steps = 0, skipped = 0;
   double final_loss = 0, seconds = 0;
   bool stopped_early = false;  // training.stop_at was reached
+  int interrupted = 0;         // the signal (SIGINT, SIGTERM) that ended the run early; 0 if none
   nlohmann::json eval;  // what eval.json holds
 };
 

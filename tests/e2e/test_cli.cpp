@@ -63,7 +63,7 @@ TEST(Cli, TrainWritesTheRunDirectory) {
   EXPECT_NE(again.out.find("--resume"), std::string::npos) << again.out;
 
   // eval at other lengths, predict, data.
-  auto e = run_lrnn("eval --run " + (dir / "run").string() + " --set task.eval_len=[20,22]");
+  auto e = run_lrnn("eval --run " + (dir / "run").string() + " --set task.eval_len=[20,22] --json");
   ASSERT_EQ(e.code, 0) << e.out;
   auto ej = nlohmann::json::parse(e.out.substr(e.out.find('{')));
   EXPECT_EQ(ej["lengths"], nlohmann::json({20, 22}));

@@ -58,7 +58,7 @@ void train_predict_roundtrip(const std::string& name, const std::string& model_y
   EXPECT_EQ(names, expected);
   for (auto& n : some_names) EXPECT_TRUE(names.count(n)) << n;
 
-  auto e = run_lrnn("eval --run " + (dir / "run").string() + " --set task.eval_len=[20,21]");
+  auto e = run_lrnn("eval --run " + (dir / "run").string() + " --set task.eval_len=[20,21] --json");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_EQ(nlohmann::json::parse(e.out.substr(e.out.find('{')))["lengths"], nlohmann::json({20, 21}));
 

@@ -1,46 +1,40 @@
 // Learning, end to end on the CPU (P1's headline in miniature): DeltaNet with eigenvalues in
 // [-1,1] learns parity on lengths 3-40 and extrapolates to 40-256; with [0,1] and the same
-// budget it does not. As in P1, the result is the best of up to three seeds.
+// budget it does not. Verdicts are counts over seeds, set from measured rates (learning_util.h).
 #include <gtest/gtest.h>
-#include "cli_util.h"
-#include "train/trainer.h"
+#include "learning_util.h"
 
 using namespace lrnn;
-namespace fs = std::filesystem;
+using namespace lrnn::test;
 
-static ExperimentConfig recipe(bool neg, int seed) {
-  // A small model and a short schedule that learn parity in ~2000 steps; measured over four
-  // seeds: three reach scaled accuracy 1.0 on 40-256, one 0.83 (see docs/RESULTS.md).
-  YAML::Node root = YAML::Load(R"(
-training: {num_steps: 2000, batch_size: 64, lr: 5.0e-3, warmup_steps: 200, weight_decay: 0.1, checkpoint_every: 0,
-           num_threads: 2}  # two data-parallel workers on any machine: the same trajectory everywhere
+namespace {
+
+// The demo recipe (configs/demo/): d=32, 1 layer, 2 heads, 2000 steps of batch 64, lr 5e-3, no
+// weight decay. Weight decay 0.1 (the recipe before) held the beta logits back: a seed that fits
+// 3-40 often keeps beta(bit 0) ~ 0.06 in one head, so its state decays by (1 - beta) per 0-bit,
+// harmless up to 40 and fatal by 200; it solved 40-256 on only 8 of 19 runs.
+std::string recipe(bool neg) {
+  return std::string(R"(
+training: {num_steps: 2000, batch_size: 64, lr: 5.0e-3, warmup_steps: 200, weight_decay: 0.0}
 model: {model_type: delta_net, hidden_size: 32, num_hidden_layers: 1, num_heads: 2, intermediate_size: 64,
-        use_short_conv: false}
+        use_short_conv: false, allow_neg_eigval: )") + (neg ? "true" : "false") + R"(}
 task: {name: parity, train_len: [3, 40], eval_len: [40, 256], eval_samples: 2048}
-logging: {log_every: 100, progress: none}
-)");
-  root["model"]["allow_neg_eigval"] = neg;
-  root["training"]["seed"] = seed;
-  return ExperimentConfig::from_yaml(root, "test_learning");
+logging: {log_every: 100}
+)";
 }
 
-static double best_of_seeds(bool neg, double stop_at) {
-  double best = -1;
-  for (int seed = 0; seed < 3 && best < stop_at; ++seed) {
-    TrainOptions opt;
-    opt.out_dir = test::temp_dir(std::string(neg ? "neg" : "pos") + std::to_string(seed));
-    opt.quiet = true;
-    TrainSummary s = train(recipe(neg, seed), opt);
-    double sa = s.eval["scaled_accuracy"];
-    double fit = s.eval["train_range"]["scaled_accuracy"];
-    std::printf("%s seed %d: scaled accuracy %.4f on 40-256, %.4f on 3-40 (%.0f s)\n",
-                neg ? "[-1,1]" : "[0,1] ", seed, sa, fit, s.seconds);
-    best = std::max(best, sa);
-    fs::remove_all(opt.out_dir);
-  }
-  return best;
+}  // namespace
+
+// Measured: 45 of 50 runs reach scaled accuracy >= 0.99 on 40-256 (seeds 0-19 with this CPU's
+// OpenBLAS kernels, 0-19 with Haswell kernels and one worker, 0-9 with SkylakeX kernels). Needing
+// 2 of 5: P(false failure) = 4.6e-4 at rate 0.90, 6.6e-3 at its one-sided 95% lower bound 0.80.
+TEST(Learning, NegativeEigenvaluesSolveParity) {
+  int ok = successes_among_seeds(recipe(true), "DeltaNet [-1,1]", 2, 5, 0.90,
+                                 [](const SeedRun& r) { return r.test >= 0.99; });
+  EXPECT_GE(ok, 2);
 }
 
-TEST(Learning, NegativeEigenvaluesSolveParity) { EXPECT_GE(best_of_seeds(true, 0.99), 0.99); }
-
-TEST(Learning, UnitRangeDoesNotSolveParityWithTheSameBudget) { EXPECT_LT(best_of_seeds(false, 2.0), 0.2); }
+// Measured: 0 of 20 runs above 0.05 (the largest 0.041); the bound 0.2 leaves room for any CPU.
+TEST(Learning, UnitRangeDoesNotSolveParityWithTheSameBudget) {
+  for (const SeedRun& r : all_seeds(recipe(false), "DeltaNet [0,1]", 3)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
+}

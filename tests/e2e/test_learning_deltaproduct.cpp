@@ -2,47 +2,40 @@
 // DeltaProduct with n_h = 2 Householder factors per token and eigenvalues in [-1,1] learns the
 // S3 word problem (the prefix product at every position) on lengths 2-32 and extrapolates to 64;
 // with n_h = 1 (a DeltaNet [-1,1] block) and the same budget it does not. The metric is P2's:
-// sequence accuracy, here over all 64 positions. As in P1/P2, the result is the best of up to
-// three seeds (reliability over seeds: docs/RESULTS.md).
+// sequence accuracy, here over all 64 positions. Verdicts are counts over seeds (learning_util.h).
 #include <gtest/gtest.h>
-#include "cli_util.h"
-#include "train/trainer.h"
+#include "learning_util.h"
 
 using namespace lrnn;
-namespace fs = std::filesystem;
+using namespace lrnn::test;
 
-static ExperimentConfig recipe(int nh, int seed) {
-  YAML::Node root = YAML::Load(R"(
-training: {num_steps: 600, batch_size: 64, lr: 3.0e-3, warmup_steps: 50, weight_decay: 0.01, checkpoint_every: 0,
-           num_threads: 2}  # two data-parallel workers on any machine: the same trajectory everywhere
+namespace {
+
+std::string recipe(int nh) {
+  return R"(
+training: {num_steps: 600, batch_size: 64, lr: 3.0e-3, warmup_steps: 50, weight_decay: 0.01}
 model: {model_type: gated_deltaproduct, hidden_size: 32, num_hidden_layers: 1, num_heads: 4, head_dim: 16,
         intermediate_size: 64, allow_neg_eigval: true, use_short_conv: false, use_forget_gate: false,
-        use_output_gate: false}
+        use_output_gate: false, num_householder: )" + std::to_string(nh) + R"(}
 task: {name: word_problem, group: S3, train_len: [2, 32], eval_len: [64, 64], eval_samples: 512}
-logging: {log_every: 100, progress: none}
-)");
-  root["model"]["num_householder"] = nh;
-  root["training"]["seed"] = seed;
-  return ExperimentConfig::from_yaml(root, "test_learning_deltaproduct");
+logging: {log_every: 100}
+)";
 }
 
-static double best_of_seeds(int nh, double stop_at) {
-  double best = -1;
-  for (int seed = 0; seed < 3 && best < stop_at; ++seed) {
-    TrainOptions opt;
-    opt.out_dir = test::temp_dir("dp_nh" + std::to_string(nh) + "_" + std::to_string(seed));
-    opt.quiet = true;
-    TrainSummary s = train(recipe(nh, seed), opt);
-    double acc = s.eval["accuracy"];
-    double fit = s.eval["train_range"]["accuracy"];
-    std::printf("n_h=%d seed %d: sequence accuracy %.4f at length 64, %.4f at 32 (training lengths), "
-                "final loss %.4f (%.0f s)\n", nh, seed, acc, fit, s.final_loss, s.seconds);
-    best = std::max(best, acc);
-    fs::remove_all(opt.out_dir);
-  }
-  return best;
+}  // namespace
+
+// Measured: 19 of 20 runs reach sequence accuracy >= 0.95 at length 64 (seeds 0-9 with this CPU's
+// kernels and 0-9 with Haswell kernels and one worker; the 20th stalls at 0.15; 12 of 20 reach
+// 0.99, so 0.95 is the bound that holds). Needing 2 of 5: P(false failure) = 3.0e-5 at rate 0.95,
+// 9.0e-3 at its one-sided 95% lower bound 0.78.
+TEST(LearningDeltaProduct, TwoHouseholderFactorsLearnS3) {
+  int ok = successes_among_seeds(recipe(2), "DeltaProduct n_h=2", 2, 5, 0.95,
+                                 [](const SeedRun& r) { return r.test >= 0.95; }, "accuracy");
+  EXPECT_GE(ok, 2);
 }
 
-TEST(LearningDeltaProduct, TwoHouseholderFactorsLearnS3) { EXPECT_GE(best_of_seeds(2, 0.99), 0.99); }
-
-TEST(LearningDeltaProduct, OneFactorDoesNotLearnS3WithTheSameBudget) { EXPECT_LT(best_of_seeds(1, 2.0), 0.05); }
+// Measured: 0 of 20 runs above 0.000 at length 64.
+TEST(LearningDeltaProduct, OneFactorDoesNotLearnS3WithTheSameBudget) {
+  for (const SeedRun& r : all_seeds(recipe(1), "DeltaProduct n_h=1", 3, "accuracy"))
+    EXPECT_LT(r.test, 0.05) << "seed " << r.seed;
+}

@@ -604,10 +604,10 @@ TEST(Plot, RunAndSweepPlotsAreValidPngs) {
   const std::string plot = std::string(LRNN_SOURCE_DIR) + "/tools/plot.py";
   ASSERT_EQ(run_lrnn("train --config " + (dir / "a.yaml").string() + " --out " + (dir / "run").string() +
                      " --set training.val_every=8").code, 0);
-  auto r = run_cmd(plot + " " + (dir / "run").string() + " -o " + (dir / "figs" / "run.png").string());
+  auto r = run_cmd(plot + " " + (dir / "run").string() + " --out " + (dir / "figs").string());
   ASSERT_EQ(r.code, 0) << r.out;
   int width = 0;
-  for (auto f : {"run.png", "run_training.png"}) {
+  for (auto f : {"parity_training.png", "parity_scaled_accuracy_by_length.png"}) {
     EXPECT_EQ(png_problem(dir / "figs" / f, &width), "") << f;
     EXPECT_GE(width, 600) << f;
   }
@@ -616,11 +616,12 @@ TEST(Plot, RunAndSweepPlotsAreValidPngs) {
   ASSERT_EQ(run_lrnn(sweep_cmd(dir / "g.yaml", dir / "sweep", "--jobs 2")).code, 0);
   r = run_cmd(plot + " " + (dir / "sweep").string());
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, (dir / "sweep" / "accuracy_vs_length.png").string())) << r.out;
-  for (auto f : {"accuracy_vs_length.png", "accuracy_vs_length_training.png"})
+  EXPECT_TRUE(contains(r.out, (dir / "sweep" / "parity_scaled_accuracy_by_length.png").string())) << r.out;
+  for (auto f : {"parity_training.png", "parity_scaled_accuracy_by_length.png"})
     EXPECT_EQ(png_problem(dir / "sweep" / f), "") << f;
 
-  auto bad = run_cmd(plot + " " + (dir / "sweep" / "a").string());
+  fs::create_directories(dir / "empty");
+  auto bad = run_cmd(plot + " " + (dir / "empty").string());
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_TRUE(contains(bad.out, "neither a run directory")) << bad.out;
   write_text(dir / "figs" / "broken.png", "\x89PNG\r\n\x1a\nnot really");

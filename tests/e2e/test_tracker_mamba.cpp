@@ -278,8 +278,10 @@ TEST(MambaParityTracker, CliPredictTracksParityFor10kTokens) {
   auto m = make_tracker(/*neg_eigval=*/true);
   save_model(dir, *m);
   auto hf = nlohmann::json::parse(io::read_file(dir / "config.json"));
-  EXPECT_EQ(hf.at("model_type"), "mamba");
+  // [-1,1] has no peer class: a custom architecture with its code beside config.json.
+  EXPECT_EQ(hf.at("model_type"), "lrnn_mamba");
   EXPECT_EQ(hf.at("allow_neg_eigval"), true);
+  EXPECT_TRUE(fs::exists(dir / "modeling_lrnn_mamba.py"));
 
   auto tok = random_bits(4242, kSteps, 0.5);
   auto want = prefix_parity(tok);
