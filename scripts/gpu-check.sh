@@ -79,7 +79,7 @@ run_checks() {
   timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$OUT/gemm.md" || true
 
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
-  # The recipe that learns parity on 3 of 3 seeds in 3.7-6.6 s (docs/RESULTS.md section 7); the
+  # The recipe that learns parity on 3 of 3 seeds in 3.7-6.6 s (docs/RESULTS.md, "Wall time to learn parity"); the
   # public protocol's lr 1e-3 reaches 0.99 on some seeds only (PARITY_SET="" runs it).
   local FAST_PARITY="--set training.lr=1e-2 --set training.num_steps=10000 --set training.warmup_steps=1000"
   local t0 t1 run=/tmp/lrnn-gpu-parity

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU experiments behind docs/RESULTS.md (§ GPU): the parity grid (DeltaNet [0,1] vs [-1,1],
+# The GPU experiments behind docs/RESULTS.md ("GPU learning runs and grids"): the parity grid (DeltaNet [0,1] vs [-1,1],
 # P1 model, 3 lrs x 3 seeds, stop at 0.99) and the modular-arithmetic grid (public protocol,
 # 20k steps, 3 seeds), each as `lrnn sweep` with all runs side by side on one GPU; then the
 # results tables and a tarball of every run's config, metrics and eval (for tools/plot.py).

@@ -1,4 +1,4 @@
-// Modular arithmetic without brackets (SPEC §3; the xLSTM harness's format, P1 Table 3).
+// Modular arithmetic without brackets (Delétang et al.; the xLSTM harness's format, P1 Table 3).
 // Vocabulary 10: 0 pad, 1 '+', 2 '-', 3 '*', 4 '=', 5..9 the digits 0..4. A sequence of odd
 // length L holds numbers at even positions 0..L-3, operators drawn uniformly from {+, -, *} at
 // the odd positions between them, '=' at L-2 and the answer at L-1: the expression's value mod 5

@@ -1,4 +1,4 @@
-// Modular arithmetic with brackets (SPEC §3; Delétang et al.'s task in the format of P1's
+// Modular arithmetic with brackets (Delétang et al.'s task in the format of P1's
 // xLSTM-harness port, P1 Table 3). Vocabulary 12: digits 0..4 are ids 0..4, '+' 5, '-' 6, '*' 7,
 // '(' 8, ')' 9, '=' 10, pad 11.
 // A length L (as the harness counts it) becomes an expression of n = L - 3 tokens followed by

@@ -1,4 +1,4 @@
-// Parity (SPEC §3, the xLSTM harness's format). Vocabulary 3: 0 = pad, 1 = bit 0, 2 = bit 1.
+// Parity (P1 Table 3; the xLSTM harness's format). Vocabulary 3: 0 = pad, 1 = bit 0, 2 = bit 1.
 // A sequence of length L holds L-1 random bits and then the answer (#ones mod 2) + 1; the model
 // reads the bits and must emit the answer at the last bit. Only the answer is supervised.
 #pragma once
