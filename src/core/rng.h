@@ -5,11 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LRNN_HD __host__ __device__ __forceinline__
-#else
-#define LRNN_HD inline
-#endif
+#include "core/hd.h"
 
 namespace lrnn {
 

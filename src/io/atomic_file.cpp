@@ -54,12 +54,21 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
     fail(path, "fsync the directory of", errno);
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the type check below refuses it.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) fail(path, "open", errno);
-  std::string out;
   struct stat st{};
-  if (::fstat(f.fd, &st) == 0 && st.st_size > 0) out.reserve(size_t(st.st_size));
+  if (::fstat(f.fd, &st) != 0) fail(path, "stat", errno);
+  if (!S_ISREG(st.st_mode))
+    LRNN_USER_ERROR("{}: not a regular file ({}); lrnn reads its inputs only from regular files", path.string(),
+                    S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
+                    S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file");
+  if (uint64_t(st.st_size) > max_bytes)
+    LRNN_USER_ERROR("{}: {} bytes, more than the {} bytes lrnn accepts for this file", path.string(),
+                    uint64_t(st.st_size), max_bytes);
+  std::string out;
+  out.reserve(size_t(st.st_size));
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(f.fd, buf, sizeof buf);
@@ -67,6 +76,9 @@ std::string read_file(const std::filesystem::path& path) {
     if (n < 0) fail(path, "read", errno);
     if (n == 0) break;
     out.append(buf, size_t(n));
+    // A file that grows while it is read (another process writing it) stops at the limit too.
+    if (out.size() > max_bytes)
+      LRNN_USER_ERROR("{}: grew past the {} bytes lrnn accepts for this file while being read", path.string(), max_bytes);
   }
   return out;
 }

@@ -22,7 +22,11 @@ namespace {
 // ordered_json keeps the header's key order (file order for ties between zero-size tensors)
 // and lets the writer put "__metadata__" first and "dtype, shape, data_offsets" in PyTorch's order.
 using Json = nlohmann::ordered_json;
-constexpr uint64_t kMaxHeader = 100'000'000;  // the same limit as the reference implementation
+// Limits on what a header may ask for (a file from elsewhere is untrusted input):
+constexpr uint64_t kMaxHeader = 100'000'000;  // bytes of JSON: the same limit as the reference implementation
+constexpr int kMaxDepth = 4;                  // nesting: {tensor: {shape: [..]}} needs 3
+constexpr size_t kMaxTensors = 1'000'000;     // entries (a 1.3B-parameter LM has a few hundred)
+constexpr size_t kMaxMetadata = 10'000;       // __metadata__ entries
 
 template <class... A>
 [[noreturn]] void bad(const std::string& what, fmt::format_string<A...> f, A&&... args) {
@@ -97,8 +101,22 @@ Entry parse_entry(const std::string& name, const Json& v, const std::string& wha
 // nlohmann keeps the last of duplicate keys; a duplicated tensor name is ambiguous, so reject
 // duplicates at every level while parsing (one key set per open object).
 Json parse_header(std::string_view header, const std::string& what) {
+  // The JSON ends the header; only the spaces that pad it to a multiple of 8 may follow. A NUL
+  // would end nlohmann's input early and hide what comes after it.
+  if (auto nul = header.find('\0'); nul != std::string_view::npos)
+    bad(what, "header has a NUL byte at offset {}", nul);
   std::vector<std::set<std::string>> open;
+  int depth = 0;
+  size_t entries = 0;
   auto cb = [&](int, Json::parse_event_t ev, Json& v) {
+    // Depth and entry counts are checked as the parser goes, before a deep or huge header is built.
+    if (ev == Json::parse_event_t::object_start || ev == Json::parse_event_t::array_start) {
+      if (++depth > kMaxDepth) bad(what, "header nests deeper than {} levels", kMaxDepth);
+    } else if (ev == Json::parse_event_t::object_end || ev == Json::parse_event_t::array_end) {
+      --depth;
+    }
+    if (ev == Json::parse_event_t::key && depth == 1 && ++entries > kMaxTensors + 1)
+      bad(what, "header lists more than {} tensors", kMaxTensors);
     if (ev == Json::parse_event_t::object_start) open.emplace_back();
     else if (ev == Json::parse_event_t::object_end) open.pop_back();
     else if (ev == Json::parse_event_t::key && !open.back().insert(v.get<std::string>()).second)
@@ -200,6 +218,7 @@ SafeTensors parse_safetensors(std::string_view bytes, const std::string& what) {
   for (auto& [key, v] : header.items()) {
     if (key != "__metadata__") { entries.push_back(parse_entry(key, v, what)); continue; }
     if (!v.is_object()) bad(what, "__metadata__ is not a JSON object");
+    if (v.size() > kMaxMetadata) bad(what, "__metadata__ has {} entries, more than {}", v.size(), kMaxMetadata);
     for (auto& [mk, mv] : v.items()) {
       if (!mv.is_string()) bad(what, "__metadata__ value for {} is not a string", clip(mk));
       st.metadata[mk] = mv.get<std::string>();

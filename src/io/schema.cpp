@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include "core/check.h"
+#include "io/atomic_file.h"
+#include <map>
 
 namespace lrnn::io {
 
@@ -82,16 +84,17 @@ Schema& Schema::add(const std::string& key, std::string* t, const std::string& h
                      [t] { return YAML::Node(*t); }});
   return *this;
 }
-Schema& Schema::add(const std::string& key, std::array<int, 2>* t, const std::string& help, int min_lo) {
+Schema& Schema::add(const std::string& key, std::array<int, 2>* t, const std::string& help, int min_lo,
+                    int max_hi) {
   fields_.push_back({key, help, "range",
-                     [this, key, t, min_lo](const YAML::Node& n) {
+                     [this, key, t, min_lo, max_hi](const YAML::Node& n) {
                        std::array<int, 2> v{};
                        bool ok = n.IsSequence() && n.size() == 2;
                        if (ok) {
                          try { v = {n[0].as<int>(), n[1].as<int>()}; } catch (const YAML::Exception&) { ok = false; }
                        }
-                       if (!ok || v[0] < min_lo || v[1] < v[0])
-                         fail(key, fmt::format("expected [lo, hi] with {} <= lo <= hi, got {}", min_lo,
+                       if (!ok || v[0] < min_lo || v[1] < v[0] || v[1] > max_hi)
+                         fail(key, fmt::format("expected [lo, hi] with {} <= lo <= hi <= {}, got {}", min_lo, max_hi,
                                                n.IsSequence() ? YAML::Dump(n) : shown(n)));
                        *t = v;
                      },
@@ -135,6 +138,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   try { v = YAML::Load(value); } catch (const YAML::Exception& e) {
     LRNN_USER_ERROR("--set {}: value is not valid YAML: {}", assignment, e.msg);
   }
+  check_yaml_tree(v, "--set " + assignment, key);
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
@@ -155,15 +159,39 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   chain.back()[parts.back()] = v;
 }
 
-YAML::Node load_yaml_file(const std::string& path) {
+void check_yaml_tree(const YAML::Node& n, const std::string& where, const std::string& path) {
+  if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) check_yaml_tree(n[i], where, fmt::format("{}[{}]", path, i));
+    return;
+  }
+  if (!n.IsMap()) return;
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const YAML::Mark at = it->first.Mark();
+    if (!it->first.IsScalar())
+      LRNN_USER_ERROR("{}:{}:{}: {}: a key must be a plain name, got {}", where, at.line + 1, at.column + 1,
+                      path.empty() ? "top level" : path, it->first.IsSequence() ? "a list" : "a mapping");
+    const std::string key = it->first.Scalar();
+    const std::string full = path.empty() ? key : path + "." + key;
+    auto [first, fresh] = seen.emplace(key, at);
+    if (!fresh)
+      LRNN_USER_ERROR("{}:{}:{}: {}: duplicate key (first at line {}); say each key once", where, at.line + 1,
+                      at.column + 1, full, first->second.line + 1);
+    check_yaml_tree(it->second, where, full);
+  }
+}
+
+YAML::Node load_yaml_file(const std::string& path, const std::string& expected) {
   if (!std::filesystem::is_regular_file(path)) LRNN_USER_ERROR("{}: no such config file", path);
+  YAML::Node n;
   try {
-    YAML::Node n = YAML::LoadFile(path);
-    if (!n.IsNull() && !n.IsMap()) LRNN_USER_ERROR("{}: expected a mapping with blocks training/model/task/logging", path);
-    return n;
+    n = YAML::Load(read_file(path, kMaxYamlBytes));
   } catch (const YAML::Exception& e) {
     LRNN_USER_ERROR("{}:{}:{}: not valid YAML: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
+  if (!n.IsNull() && !n.IsMap()) LRNN_USER_ERROR("{}: expected a mapping with {}", path, expected);
+  check_yaml_tree(n, path, "");
+  return n;
 }
 
 std::optional<double> scalar_number(const std::string& text) {

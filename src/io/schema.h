@@ -3,6 +3,7 @@
 // and writes the resolved config back. Errors are UserErrors naming the source and the key.
 #pragma once
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,8 +32,9 @@ class Schema {
   Schema& add(const std::string& key, bool* t, const std::string& help);
   Schema& add(const std::string& key, std::string* t, const std::string& help,
               std::vector<std::string> choices = {});
-  // An inclusive integer range written as [lo, hi].
-  Schema& add(const std::string& key, std::array<int, 2>* t, const std::string& help, int min_lo = 0);
+  // An inclusive integer range written as [lo, hi], min_lo <= lo <= hi <= max_hi.
+  Schema& add(const std::string& key, std::array<int, 2>* t, const std::string& help, int min_lo = 0,
+              int max_hi = 1 << 30);
 
   // Reads every key of `node` (a mapping or null); unknown keys are errors listing the valid ones.
   void parse(const YAML::Node& node) const;
@@ -48,7 +50,15 @@ class Schema {
 
 // Applies `key=value` (dotted key, YAML scalar or flow value) to a YAML tree, creating blocks.
 void apply_override(YAML::Node& root, const std::string& assignment);
-YAML::Node load_yaml_file(const std::string& path);
+// Reads a YAML file whose top level is a mapping (`expected` describes it for the error) and
+// checks it with check_yaml_tree. UserError naming the file, line and key otherwise.
+YAML::Node load_yaml_file(const std::string& path,
+                          const std::string& expected = "blocks training/model/task/logging");
+// What YAML allows but a config must not have: a key said twice (YAML parsers keep one of them
+// silently) and keys that are not plain names (a list or mapping as a key).
+void check_yaml_tree(const YAML::Node& n, const std::string& where, const std::string& path);
+// The largest YAML file lrnn reads (configs and grids are a few KB).
+inline constexpr uint64_t kMaxYamlBytes = 16 << 20;
 
 // Numbers in a resolved config as a person writes them: a value the user spelled (in `spelled`,
 // the same tree as the user's YAML) keeps that spelling ("5.0e-3"); any other non-integer number

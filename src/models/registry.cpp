@@ -57,7 +57,9 @@ template <class T>
 std::unique_ptr<Model<T>> create_model(const YAML::Node& block, const std::string& where, uint64_t seed) {
   if (!block || !block.IsMap()) LRNN_USER_ERROR("{}: model: expected a mapping with at least model_type", where);
   if (!block["model_type"]) LRNN_USER_ERROR("{}: model.model_type: missing; one of [{}]", where, fmt::join(model_types(), ", "));
-  std::string type = block["model_type"].as<std::string>();
+  if (!block["model_type"].IsScalar())
+    LRNN_USER_ERROR("{}: model.model_type: expected one of [{}], got a list or mapping", where, fmt::join(model_types(), ", "));
+  std::string type = block["model_type"].Scalar();
   for (auto& e : kModels) {
     if (type != e.type) continue;
     if constexpr (std::is_same_v<T, float>) return e.f32(block, where, seed);

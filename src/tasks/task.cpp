@@ -53,8 +53,8 @@ const TaskEntry kTasks[] = {
 
 void TaskConfig::describe(io::Schema& s) {
   s.add("name", &name, "task", task_names())
-      .add("train_len", &train_len, "[lo, hi] sequence lengths for training (inclusive)", 2)
-      .add("eval_len", &eval_len, "[lo, hi] sequence lengths for evaluation (inclusive)", 2)
+      .add("train_len", &train_len, "[lo, hi] sequence lengths for training (inclusive)", 2, kMaxSequenceLength)
+      .add("eval_len", &eval_len, "[lo, hi] sequence lengths for evaluation (inclusive)", 2, kMaxSequenceLength)
       .add("eval_samples", &eval_samples,
            "evaluation sequences, spread evenly over eval lengths (word_problem: all of the longest)", 1, 1 << 24)
       .add("eval_batch_size", &eval_batch_size, "sequences per evaluation batch", 1, 1 << 20)

@@ -12,6 +12,10 @@
 
 namespace lrnn {
 
+// The longest sequence a task.*_len may ask for (2^20 tokens; what a run can afford beyond that is
+// checked against the machine's memory before anything is allocated).
+inline constexpr int kMaxSequenceLength = 1 << 20;
+
 struct TaskConfig {
   std::string name = "parity";
   std::array<int, 2> train_len{3, 40};     // inclusive range of sequence lengths for training

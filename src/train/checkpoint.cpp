@@ -1,5 +1,8 @@
 #include "train/checkpoint.h"
 #include <algorithm>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 
@@ -36,24 +39,57 @@ void save_model(const fs::path& dir, const Model<float>& model) {
   }
 }
 
+// What a model file must hold: exactly the tensors of `layout` (under the given name prefixes),
+// each with its shape and finite values; anything else is refused with the file and tensor named.
+// A tensor of another model, or a NaN left by a broken run, must never load as if it belonged.
+struct Expected {
+  std::string prefix;
+  bool nonnegative = false;  // AdamW's second moment
+};
+
+static void check_tensor_set(const io::SafeTensors& st, const std::string& file, const ParamLayout& layout,
+                             const std::vector<Expected>& parts) {
+  std::unordered_set<std::string> known;
+  for (auto& p : parts)
+    for (auto& e : layout.entries()) known.insert(p.prefix + e.name);
+  for (auto& t : st.tensors)
+    if (!known.count(t.name))
+      LRNN_USER_ERROR("{}: unexpected tensor '{}': not a parameter of this model ({} tensors expected); "
+                      "is the file from another model or config?", file, t.name, known.size());
+}
+
 template <class T>
 static void fill_from(const io::SafeTensors& st, const std::string& file, const ParamLayout& layout,
-                      const std::string& prefix, T* out) {
+                      const Expected& part, T* out) {
+  std::unordered_map<std::string, const io::StTensor*> index;
+  for (auto& t : st.tensors) index.emplace(t.name, &t);
   for (auto& e : layout.entries()) {
-    const io::StTensor* t = st.find(prefix + e.name);
-    if (!t) LRNN_USER_ERROR("{}: missing tensor '{}'", file, prefix + e.name);
+    const std::string name = part.prefix + e.name;
+    auto it = index.find(name);
+    if (it == index.end()) LRNN_USER_ERROR("{}: missing tensor '{}'", file, name);
+    const io::StTensor* t = it->second;
     if (t->shape != e.shape)
-      LRNN_USER_ERROR("{}: tensor '{}' has shape [{}], the model expects [{}]", file, prefix + e.name,
+      LRNN_USER_ERROR("{}: tensor '{}' has shape [{}], the model expects [{}]", file, name,
                       fmt::join(t->shape, ", "), fmt::join(e.shape, ", "));
     auto v = t->to_f64();
-    for (size_t i = 0; i < e.numel; ++i) out[e.offset + i] = T(v[i]);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < e.numel; ++i) {
+      const bool ok = std::isfinite(v[i]) && !(part.nonnegative && v[i] < 0);
+      if (!ok && bad++ == 0) first = i;
+      out[e.offset + i] = T(v[i]);
+    }
+    if (bad)
+      LRNN_USER_ERROR("{}: tensor '{}' has {} {} values (the first at index {}: {}); refusing to load a broken "
+                      "state", file, name, bad, part.nonnegative ? "non-finite or negative" : "non-finite", first,
+                      v[first]);
   }
 }
 
 template <class T>
 void load_params(const fs::path& file, Model<T>& model) {
   io::SafeTensors st = io::read_safetensors(file);
-  fill_from(st, file.string(), model.layout(), "", model.params.data());
+  check_tensor_set(st, file.string(), model.layout(), {{""}});
+  fill_from(st, file.string(), model.layout(), {""}, model.params.data());
 }
 template void load_params<float>(const fs::path&, Model<float>&);
 template void load_params<double>(const fs::path&, Model<double>&);
@@ -72,26 +108,41 @@ void save_train_state(const fs::path& dir, const Model<float>& model, const Trai
   io::write_safetensors(dir / "train_state.safetensors", st);
 }
 
-TrainState load_train_state(const fs::path& dir, Model<float>& model) {
+// A counter from the training state's metadata: decimal digits only ("5abc", "1e3", "0x10", "-5"
+// and "+5" are refused), within [lo, hi].
+static int64_t parse_counter(const io::SafeTensors& st, const std::string& file, const char* key, int64_t lo,
+                             int64_t hi) {
+  auto it = st.metadata.find(key);
+  if (it == st.metadata.end()) LRNN_USER_ERROR("{}: metadata '{}' missing; not a training state?", file, key);
+  const std::string& s = it->second;
+  int64_t v = 0;
+  bool ok = !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (ok) v = std::stoll(s);
+  if (!ok || v < lo || v > hi)
+    LRNN_USER_ERROR("{}: metadata '{}' is '{}'; expected a whole number in [{}, {}]", file, key, s.substr(0, 40), lo, hi);
+  return v;
+}
+
+TrainState load_train_state(const fs::path& dir, Model<float>& model, int64_t num_steps) {
   fs::path file = dir / "train_state.safetensors";
   io::SafeTensors st = io::read_safetensors(file);
+  const std::string f = file.string();
   TrainState s;
-  auto num = [&](const char* k) -> int64_t {
-    auto it = st.metadata.find(k);
-    if (it == st.metadata.end()) LRNN_USER_ERROR("{}: metadata '{}' missing; not a training state?", file.string(), k);
-    try { return std::stoll(it->second); } catch (...) {
-      LRNN_USER_ERROR("{}: metadata '{}' is not an integer: '{}'", file.string(), k, it->second);
-    }
-  };
-  s.step = num("step");
-  s.adam_step = num("adam_step");
-  s.skipped = num("skipped");
+  // Every step is either applied (adam_step) or skipped, and a run never passes its num_steps.
+  s.step = parse_counter(st, f, "step", 0, num_steps);
+  s.skipped = parse_counter(st, f, "skipped", 0, s.step);
+  s.adam_step = parse_counter(st, f, "adam_step", 0, s.step);
+  if (s.adam_step + s.skipped != s.step)
+    LRNN_USER_ERROR("{}: metadata disagrees with itself: adam_step {} + skipped {} != step {}", f, s.adam_step,
+                    s.skipped, s.step);
   if (auto it = st.metadata.find("schedule"); it != st.metadata.end()) s.schedule = it->second;
+  const std::vector<Expected> parts = {{"adam_m."}, {"adam_v.", true}, {"param."}};
+  check_tensor_set(st, f, model.layout(), parts);
   s.m.assign(model.layout().total(), 0.f);
   s.v.assign(model.layout().total(), 0.f);
-  fill_from(st, file.string(), model.layout(), "adam_m.", s.m.data());
-  fill_from(st, file.string(), model.layout(), "adam_v.", s.v.data());
-  fill_from(st, file.string(), model.layout(), "param.", model.params.data());
+  fill_from(st, f, model.layout(), parts[0], s.m.data());
+  fill_from(st, f, model.layout(), parts[1], s.v.data());
+  fill_from(st, f, model.layout(), parts[2], model.params.data());
   return s;
 }
 

@@ -23,7 +23,9 @@ void save_model(const std::filesystem::path& dir, const Model<float>& model);
 template <class T>
 void load_params(const std::filesystem::path& file, Model<T>& model);
 void save_train_state(const std::filesystem::path& dir, const Model<float>& model, const TrainState& s);
-// Also restores the parameters saved with the state.
-TrainState load_train_state(const std::filesystem::path& dir, Model<float>& model);
+// Also restores the parameters saved with the state. Everything is validated: counters are whole
+// numbers with 0 <= step <= num_steps and adam_step + skipped == step; exactly the model's tensors,
+// with finite values (and a non-negative second moment). UserError naming the file otherwise.
+TrainState load_train_state(const std::filesystem::path& dir, Model<float>& model, int64_t num_steps);
 
 }  // namespace lrnn

@@ -5,7 +5,7 @@
 namespace lrnn {
 
 void TrainingConfig::describe(io::Schema& s) {
-  s.add("num_steps", &num_steps, "optimizer steps", 0, 1e12)
+  s.add("num_steps", &num_steps, "optimizer steps", 0, double(kMaxSteps))
       .add("batch_size", &batch_size, "sequences per step", 1, 1 << 24)
       .add("lr", &lr, "peak learning rate", 0.0, 10.0)
       .add("min_lr", &min_lr, "learning rate at the end of the cosine decay", 0.0, 10.0)
@@ -13,7 +13,8 @@ void TrainingConfig::describe(io::Schema& s) {
       .add("weight_decay", &weight_decay, "AdamW decoupled weight decay (not on norms)", 0.0, 10.0)
       .add("beta1", &beta1, "AdamW beta1", 0.0, 0.999999)
       .add("beta2", &beta2, "AdamW beta2", 0.0, 0.99999999)
-      .add("adam_eps", &adam_eps, "AdamW epsilon", 0.0, 1.0)
+      .add("adam_eps", &adam_eps, "AdamW epsilon (> 0: with 0, a parameter whose gradient is zero divides 0 by 0)",
+           1e-30, 1.0)
       .add("grad_clip", &grad_clip, "max global gradient norm (0 = no clipping)", 0.0, 1e12)
       .add("val_every", &val_every, "evaluate every N steps (0 = only at the end)", 0, 1e12)
       .add("stop_at", &stop_at,
@@ -58,10 +59,16 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
   { io::Schema s(source, "logging"); c.logging.describe(s); s.parse(root["logging"]); }
   if (c.task.eval_len[0] < 2 || c.task.train_len[0] < 2)
     LRNN_USER_ERROR("{}: task: lengths must be at least 2", source);
+  if (c.training.lr * c.training.weight_decay > 1.0)
+    LRNN_USER_ERROR("{}: training.weight_decay: lr * weight_decay must not exceed 1 (each step multiplies the "
+                    "weights by 1 - lr * weight_decay), got {} * {}", source, c.training.lr, c.training.weight_decay);
   if (c.training.min_lr > c.training.lr)
     LRNN_USER_ERROR("{}: training.min_lr: must not exceed training.lr ({}), got {}", source, c.training.lr, c.training.min_lr);
   c.model = YAML::Clone(root["model"]);
   if (!c.model || c.model.IsNull()) LRNN_USER_ERROR("{}: model: missing block (needs at least model_type)", source);
+  if (!c.model.IsMap())
+    LRNN_USER_ERROR("{}: model: expected a mapping of keys (model_type: ..., hidden_size: ...), got '{}'", source,
+                    c.model.IsScalar() ? c.model.Scalar() : std::string("a list"));
   int vocab = 0;
   try {
     vocab = create_task(c.task)->vocab_size();  // also checks the task's own keys

@@ -10,6 +10,9 @@
 
 namespace lrnn {
 
+// The most steps a run may have (training.num_steps; also the bound on a saved step counter).
+inline constexpr int64_t kMaxSteps = 1'000'000'000'000;
+
 struct TrainingConfig {
   int64_t num_steps = 1000;
   int batch_size = 256;

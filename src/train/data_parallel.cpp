@@ -1,6 +1,7 @@
 #include "train/data_parallel.h"
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <omp.h>
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/linear/linear.h"
@@ -19,6 +20,26 @@ void DataParallel::sync_params() {
 }
 
 namespace {
+// An exception must not leave an OpenMP region (the runtime would abort the process): each worker
+// keeps the first one it meets, and the caller rethrows it after the region.
+struct WorkerErrors {
+  std::vector<std::exception_ptr> err;
+  explicit WorkerErrors(int W) : err(size_t(W)) {}
+  template <class F>
+  void run(int w, F&& f) {
+    if (err[size_t(w)]) return;
+    try {
+      f();
+    } catch (...) {
+      err[size_t(w)] = std::current_exception();
+    }
+  }
+  void rethrow() const {
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+  }
+};
+
 // While workers run, each BLAS call stays on its caller's core.
 struct SingleThreadedBlas {
   int prev;
@@ -41,6 +62,7 @@ double DataParallel::forward_backward(const Batch& b) {
   std::vector<double> loss(W, 0.0);
   std::vector<int> count(W, 0);
   SingleThreadedBlas guard(W);
+  WorkerErrors errors(W);
 #pragma omp parallel num_threads(W)
   {
     const int w = omp_get_thread_num();
@@ -51,10 +73,10 @@ double DataParallel::forward_backward(const Batch& b) {
       const int32_t* tok = b.tokens.data() + size_t(s.row0) * T;
       const int32_t* lab = b.labels.data() + size_t(s.row0) * T;
       count[w] = ops::count_labels(lab, s.rows * T);
-      if (count[w] > 0) {
-        loss[w] = m.forward(tok, lab, s.rows, T);
-        m.backward();
-      }
+      if (count[w] > 0) errors.run(w, [&] {
+          loss[w] = m.forward(tok, lab, s.rows, T);
+          m.backward();
+        });
     }
 #pragma omp barrier
     // Each worker's gradient is of its own mean loss: weight by its share of the labels.
@@ -69,6 +91,7 @@ double DataParallel::forward_backward(const Batch& b) {
       for (size_t i = lo; i < hi; ++i) out[i] += f * g[i];
     }
   }
+  errors.rethrow();
   double l = 0;
   for (int w = 0; w < W; ++w) l += total ? loss[w] * count[w] / total : 0.0;
   return l;
@@ -78,14 +101,18 @@ const std::vector<float>& DataParallel::forward_logits(const Batch& b) {
   const int W = std::min(workers(), b.B), T = b.T, V = main().vocab_size();
   logits_.resize(size_t(b.B) * T * V);
   SingleThreadedBlas guard(W);
+  WorkerErrors errors(W);
 #pragma omp parallel num_threads(W)
   {
     const int w = omp_get_thread_num();
     Shard s = shard_of(w, W, b.B);
     Model<float>& m = *replicas_[w];
-    m.forward(b.tokens.data() + size_t(s.row0) * T, nullptr, s.rows, T);
-    std::memcpy(logits_.data() + size_t(s.row0) * T * V, m.logits(), sizeof(float) * s.rows * T * V);
+    errors.run(w, [&] {
+      m.forward(b.tokens.data() + size_t(s.row0) * T, nullptr, s.rows, T);
+      std::memcpy(logits_.data() + size_t(s.row0) * T * V, m.logits(), sizeof(float) * s.rows * T * V);
+    });
   }
+  errors.rethrow();
   return logits_;
 }
 

@@ -289,12 +289,7 @@ bool Grid::sets_num_threads(size_t c) const {
 Grid Grid::load(const fs::path& file) {
   const std::string where = file.string();
   if (!fs::is_regular_file(file)) LRNN_USER_ERROR("{}: no such grid file", where);
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    LRNN_USER_ERROR("{}:{}:{}: not valid YAML: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
+  YAML::Node root = io::load_yaml_file(where, "keys name, configs, lr, seeds, set (see docs/EXPERIMENTS.md)");
   if (!root.IsMap())
     LRNN_USER_ERROR("{}: expected a mapping with keys name, configs, lr, seeds, set (see docs/EXPERIMENTS.md)", where);
   const std::vector<std::string> keys = {"name", "configs", "lr", "seeds", "set"};

@@ -1,9 +1,14 @@
 #include "train/trainer.h"
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 #include <omp.h>
@@ -107,6 +112,50 @@ struct Progress {
   }
 };
 
+// One trainer per run directory: an exclusive lock (flock on DIR/.lock, released when the process
+// ends however it ends) held for the whole run, so that two `--resume` of one run cannot
+// interleave their steps and files. With it held, temporary files of earlier writers that died
+// (`*.tmp.<pid>` from write_file_atomic) are removed.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const fs::path& dir) {
+    const fs::path f = dir / ".lock";
+    fd_ = ::open(f.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) LRNN_USER_ERROR("{}: cannot open: {}", f.string(), std::strerror(errno));
+    if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {0};
+      ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      ::close(fd_);
+      LRNN_USER_ERROR("{}: another lrnn process{} is training in this directory; wait for it to end (or stop it) "
+                      "before starting or resuming this run", dir.string(),
+                      n > 0 ? fmt::format(" (pid {})", std::string(buf, size_t(n))) : std::string());
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {}  // the pid is a courtesy
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      auto at = name.rfind(".tmp.");
+      if (at == std::string::npos || at + 5 >= name.size()) continue;
+      if (name.find_first_not_of("0123456789", at + 5) != std::string::npos) continue;
+      fs::remove(e.path(), ec);
+    }
+  }
+  ~RunDirLock() { ::close(fd_); }
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Steps skipped one after another (non-finite loss, gradient or update) after which a run stops.
+constexpr int64_t kMaxSkippedInARow = 100;
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 // SIGINT/SIGTERM while training: the first one asks the loop to stop after the current step
 // (it then saves a checkpoint); a second one aborts at once with the default action.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -200,7 +249,13 @@ class CpuEngine final : public Engine {
       return;
     }
     if (tc_.grad_clip > 0) ops::clip_by_global_norm(model.grads.data(), P, norm_, tc_.grad_clip);
-    ops::AdamWParams ap{lr, tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay, ++st_.adam_step};
+    ops::AdamWParams ap{lr, tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay, st_.adam_step + 1};
+    if (!ops::adamw_update_is_finite(model.params.data(), model.grads.data(), st_.m.data(), st_.v.data(),
+                                     decay_.data(), P, ap)) {
+      ++st_.skipped;  // the update would make a parameter or moment non-finite: nothing is written
+      return;
+    }
+    ++st_.adam_step;
     ops::adamw_update(model.params.data(), model.grads.data(), st_.m.data(), st_.v.data(), decay_.data(), P, ap);
     dp_.sync_params();
     loss_sum_ += loss_;
@@ -262,15 +317,21 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   Model<float>* model = &engine->host_model();
   const size_t P = model->params.size();
 
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    LRNN_USER_ERROR("{}: exists and is not a directory; give --out a directory (new or a run's)", dir.string());
+  fs::create_directories(dir);
+  RunDirLock lock(dir);
   TrainState st;
   if (opt.resume) {
     if (!fs::exists(dir / "train_state.safetensors"))
       LRNN_USER_ERROR("{}: nothing to resume (no train_state.safetensors)", dir.string());
-    st = load_train_state(dir, *model);
+    st = load_train_state(dir, *model, kMaxSteps);
     check_schedule(st.schedule, tc, dir, st.step);
+    if (st.step > tc.num_steps)
+      LRNN_USER_ERROR("{}: the training state is at step {}, past training.num_steps = {}", dir.string(), st.step,
+                      tc.num_steps);
     truncate_metrics(dir / "metrics.jsonl", st.step);
   } else {
-    fs::create_directories(dir);
     st.m.assign(P, 0.f);
     st.v.assign(P, 0.f);
     // Starting over: nothing of an earlier run in this directory may survive to be resumed.
@@ -291,10 +352,16 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   TrainSignals signals(opt.handle_signals);
   bool stopped_early = false;
   double loss = 0;
-  int64_t tokens = 0, skipped_logged = st.skipped;
+  int64_t tokens = 0, skipped_logged = st.skipped, skipped_in_a_row = 0, logged_step = st.step;
   auto t0 = Clock::now(), tlog = t0;
   auto checkpoint = [&] {
     engine->to_host(st);
+    // A model that is not finite never replaces the last good checkpoint (the engines skip any
+    // step whose update would not be finite; this is the last line of defence).
+    if (!all_finite(model->params) || !all_finite(st.m) || !all_finite(st.v))
+      LRNN_USER_ERROR("{}: the parameters or optimizer state became non-finite by step {}; the last good "
+                      "checkpoint is kept (lower training.lr, raise training.adam_eps, or clip with training.grad_clip)",
+                      dir.string(), st.step);
     save_model(dir, *model);
     save_train_state(dir, *model, st);
   };
@@ -306,7 +373,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   // Fault injection for tests: die by SIGKILL right after this step (checkpoints are atomic, so
   // the run must resume from its last one as if nothing happened).
   const char* kill_env = std::getenv("LRNN_FAULT_KILL_AFTER_STEP");
-  const int64_t kill_after = kill_env ? std::atoll(kill_env) : -1;
+  const int64_t kill_after = kill_env ? std::max<int64_t>(std::atoll(kill_env), 0) : 0;  // 0: off
 
   while (st.step < tc.num_steps) {
     const int64_t step = st.step;
@@ -322,7 +389,16 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
       // Steps skipped since the last line (their update was dropped), then the regular line.
       for (int64_t k = skipped_logged; k < es.skipped; ++k)
         log({{"type", "skip"}, {"step", st.step}, {"skipped", k + 1}});
+      // A run that only skips steps makes no progress: after kMaxSkippedInARow it stops (the last
+      // good checkpoint stays) instead of running on for nothing.
+      const int64_t interval = st.step - logged_step;
+      skipped_in_a_row = es.skipped - skipped_logged == interval ? skipped_in_a_row + interval : 0;
       skipped_logged = es.skipped;
+      logged_step = st.step;
+      if (skipped_in_a_row >= std::min<int64_t>(kMaxSkippedInARow, tc.num_steps))
+        LRNN_USER_ERROR("{}: the last {} steps (up to step {}) were all skipped: their loss, gradient or update was not "
+                        "finite. The last good checkpoint is kept; lower training.lr, raise training.adam_eps or set "
+                        "training.grad_clip, and check the data", dir.string(), skipped_in_a_row, st.step);
       auto now = Clock::now();
       double dt = std::chrono::duration<double>(now - tlog).count();
       log({{"type", "train"}, {"step", st.step}, {"loss", es.loss}, {"loss_avg", es.loss_avg},
@@ -344,7 +420,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
       }
     }
     if (tc.checkpoint_every > 0 && st.step % tc.checkpoint_every == 0 && st.step < tc.num_steps) checkpoint();
-    if (st.step == kill_after) std::raise(SIGKILL);
+    if (kill_after > 0 && st.step == kill_after) std::raise(SIGKILL);
     if (g_stop_signal && st.step < tc.num_steps) break;
   }
   checkpoint();

@@ -25,7 +25,7 @@ logging: {log_every: 100}
 }  // namespace
 
 // Measured: 19 of 20 runs reach sequence accuracy >= 0.95 at length 64 (seeds 0-9 with this CPU's
-// kernels and 0-9 with Haswell kernels and one worker; the 20th stalls at 0.15; 12 of 20 reach
+// kernels and 0-9 with Haswell kernels and one worker; the 20th stalls at 0.15; 16 of 20 reach
 // 0.99, so 0.95 is the bound that holds). Needing 2 of 5: P(false failure) = 3.0e-5 at rate 0.95,
 // 9.0e-3 at its one-sided 95% lower bound 0.78.
 TEST(LearningDeltaProduct, TwoHouseholderFactorsLearnS3) {

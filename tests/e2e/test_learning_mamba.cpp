@@ -1,51 +1,43 @@
 // Learning, end to end on the CPU, for Mamba (P1's Table 3 parity row in miniature): Mamba with
 // eigenvalues in [-1,1] (abar = 2 exp(delta A) - 1) learns parity on lengths 3-40 and
-// extrapolates to 40-256; with [0,1] and the same budget it does not. As in P1, the result is the
-// best of up to three seeds.
-//
-// The recipe (docs/mamba.md has the sweep behind it): a 1-layer Mamba, d_model 32, d_state 4,
-// expand 2, conv 4, HF init; AdamW lr 1e-2, no weight decay (as the P1 repo's Mamba configs;
-// with weight decay 0.1 the large dt_proj weights that make delta*A << 0 on the "flip" token are
-// held back and no seed learned in 2000 steps), 2000 steps of batch 64. Measured over 12 seeds
-// (0-11): every seed reaches scaled accuracy >= 0.99 on 40-256; [0,1] over seeds 0-4 stays
-// below 0.05. About 6 s per run on two quiet cores.
+// extrapolates to 40-256; with [0,1] and the same budget it does not. Verdicts are counts over
+// seeds (learning_util.h).
 #include <gtest/gtest.h>
-#include "cli_util.h"
-#include "train/trainer.h"
+#include "learning_util.h"
 
 using namespace lrnn;
-namespace fs = std::filesystem;
+using namespace lrnn::test;
 
-static ExperimentConfig recipe(bool neg, int seed) {
-  YAML::Node root = YAML::Load(R"(
-training: {num_steps: 2000, batch_size: 64, lr: 1.0e-2, warmup_steps: 200, weight_decay: 0.0, checkpoint_every: 0,
-           num_threads: 2}  # two data-parallel workers on any machine: the same trajectory everywhere
-model: {model_type: mamba, hidden_size: 32, num_hidden_layers: 1, state_size: 4, expand: 2, conv_kernel: 4}
+namespace {
+
+// A 1-layer Mamba, d_model 64, d_state 4, expand 2, conv 4, HF init; AdamW lr 1e-2 and no weight
+// decay (as the P1 repository's Mamba configs: decay holds back the large dt_proj weights that
+// make delta*A << 0 on the "flip" token), 2000 steps of batch 64. At d_model 32 (the recipe
+// before) [-1,1] reached 0.9 on only 9 of 20 runs (the rest stuck near chance); clipping, other learning rates, longer
+// training, a wider dt range, 2 layers or d_state 16 were no better (docs/RESULTS.md).
+std::string recipe(bool neg) {
+  return std::string(R"(
+training: {num_steps: 2000, batch_size: 64, lr: 1.0e-2, warmup_steps: 200, weight_decay: 0.0}
+model: {model_type: mamba, hidden_size: 64, num_hidden_layers: 1, state_size: 4, expand: 2, conv_kernel: 4,
+        allow_neg_eigval: )") + (neg ? "true" : "false") + R"(}
 task: {name: parity, train_len: [3, 40], eval_len: [40, 256], eval_samples: 2048}
-logging: {log_every: 100, progress: none}
-)");
-  root["model"]["allow_neg_eigval"] = neg;
-  root["training"]["seed"] = seed;
-  return ExperimentConfig::from_yaml(root, "test_learning_mamba");
+logging: {log_every: 100}
+)";
 }
 
-static double best_of_seeds(bool neg, double stop_at) {
-  double best = -1;
-  for (int seed = 0; seed < 3 && best < stop_at; ++seed) {
-    TrainOptions opt;
-    opt.out_dir = test::temp_dir(std::string(neg ? "mamba_neg" : "mamba_pos") + std::to_string(seed));
-    opt.quiet = true;
-    TrainSummary s = train(recipe(neg, seed), opt);
-    double sa = s.eval["scaled_accuracy"];
-    double fit = s.eval["train_range"]["scaled_accuracy"];
-    std::printf("Mamba %s seed %d: scaled accuracy %.4f on 40-256, %.4f on 3-40 (%.0f s)\n",
-                neg ? "[-1,1]" : "[0,1] ", seed, sa, fit, s.seconds);
-    best = std::max(best, sa);
-    fs::remove_all(opt.out_dir);
-  }
-  return best;
+}  // namespace
+
+// Measured: 26 of 30 runs reach scaled accuracy >= 0.9 on 40-256 (seeds 0-19 with this CPU's
+// kernels and two workers, 0-9 with Haswell kernels and one worker; the others stay near chance).
+// Needing 2 of 6: P(false failure) = 2.2e-4 at rate 0.87, 7.9e-3 at its one-sided 95% lower bound
+// 0.72.
+TEST(LearningMamba, NegativeEigenvaluesSolveParity) {
+  int ok = successes_among_seeds(recipe(true), "Mamba [-1,1]", 2, 6, 0.87,
+                                 [](const SeedRun& r) { return r.test >= 0.9; });
+  EXPECT_GE(ok, 2);
 }
 
-TEST(LearningMamba, NegativeEigenvaluesSolveParity) { EXPECT_GE(best_of_seeds(true, 0.99), 0.99); }
-
-TEST(LearningMamba, UnitRangeDoesNotSolveParityWithTheSameBudget) { EXPECT_LT(best_of_seeds(false, 2.0), 0.2); }
+// Measured: 0 of 10 runs above 0.025 (and 0 of 20 at d_model 32).
+TEST(LearningMamba, UnitRangeDoesNotSolveParityWithTheSameBudget) {
+  for (const SeedRun& r : all_seeds(recipe(false), "Mamba [0,1]", 3)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
+}

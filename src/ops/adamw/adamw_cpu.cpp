@@ -6,21 +6,36 @@
 namespace lrnn::ops {
 
 template <class T>
-void adamw_update(T* params, const T* grads, T* m, T* v, const uint8_t* decay_mask, size_t N,
-                  const AdamWParams& p) {
+AdamWConsts<T> adamw_consts(const AdamWParams& p) {
   const double bc1 = 1.0 - std::pow(p.beta1, double(p.step));
   const double bc2 = 1.0 - std::pow(p.beta2, double(p.step));
-  const T b1 = T(p.beta1), b2 = T(p.beta2), eps = T(p.eps);
-  const T step_size = T(p.lr / bc1), inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
-  const T decay = T(1.0 - p.lr * p.weight_decay);
+  return {T(p.beta1), T(p.beta2), T(p.eps), T(p.lr / bc1), T(1.0 / std::sqrt(bc2)), T(1.0 - p.lr * p.weight_decay)};
+}
+
+template <class T>
+void adamw_update(T* params, const T* grads, T* m, T* v, const uint8_t* decay_mask, size_t N,
+                  const AdamWParams& p) {
+  const AdamWConsts<T> c = adamw_consts<T>(p);
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < N; ++i) {
-    const T g = grads[i];
-    if (!decay_mask || decay_mask[i]) params[i] *= decay;
-    m[i] = b1 * m[i] + (T(1) - b1) * g;
-    v[i] = b2 * v[i] + (T(1) - b2) * g * g;
-    params[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    auto e = adamw_element(params[i], grads[i], m[i], v[i], !decay_mask || decay_mask[i], c);
+    params[i] = e.p;
+    m[i] = e.m;
+    v[i] = e.v;
   }
+}
+
+template <class T>
+bool adamw_update_is_finite(const T* params, const T* grads, const T* m, const T* v, const uint8_t* decay_mask,
+                            size_t N, const AdamWParams& p) {
+  const AdamWConsts<T> c = adamw_consts<T>(p);
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+  for (size_t i = 0; i < N; ++i) {
+    auto e = adamw_element(params[i], grads[i], m[i], v[i], !decay_mask || decay_mask[i], c);
+    bad |= !(std::isfinite(e.p) && std::isfinite(e.m) && std::isfinite(e.v));
+  }
+  return !bad;
 }
 
 template <class T>
@@ -50,7 +65,10 @@ double clip_by_global_norm(T* grads, size_t N, double norm, double max_norm) {
 }
 
 #define INST(T)                                                                                   \
+  template AdamWConsts<T> adamw_consts<T>(const AdamWParams&);                                    \
   template void adamw_update<T>(T*, const T*, T*, T*, const uint8_t*, size_t, const AdamWParams&); \
+  template bool adamw_update_is_finite<T>(const T*, const T*, const T*, const T*, const uint8_t*, size_t, \
+                                          const AdamWParams&);                                    \
   template double global_norm<T>(const T*, size_t);                                               \
   template double clip_by_global_norm<T>(T*, size_t, double, double);
 INST(float)

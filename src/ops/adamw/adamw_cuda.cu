@@ -54,23 +54,54 @@ __global__ void prepare(StepStats* s, const double* part, const float* loss, con
   s->step = step + 1;
 }
 
+// The step's AdamW constants from the device-side counters (the step was counted as applied).
+__device__ AdamWConsts<float> consts_of(const StepStats* s, float b1, float b2, float eps, float wd, double beta1,
+                                        double beta2) {
+  const double lr = s->lr;
+  const double bc1 = 1.0 - pow(beta1, double(s->adam_step)), bc2 = 1.0 - pow(beta2, double(s->adam_step));
+  return {b1, b2, eps, float(lr / bc1), float(1.0 / sqrt(bc2)), float(1.0 - lr * wd)};
+}
+
+// Pass 1: would the update leave every parameter and moment finite? One flag per block.
+__global__ void finite_partials(int* part, const float* p, const float* g, const float* m, const float* v,
+                                const uint8_t* mask, size_t N, const StepStats* s, float b1, float b2, float eps,
+                                float wd, double beta1, double beta2) {
+  int bad = 0;
+  if (s->finite) {
+    const AdamWConsts<float> c = consts_of(s, b1, b2, eps, wd, beta1, beta2);
+    const float scale = s->scale;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += size_t(gridDim.x) * blockDim.x) {
+      auto e = adamw_element(p[i], g[i] * scale, m[i], v[i], !mask || mask[i], c);
+      bad |= !(isfinite(e.p) && isfinite(e.m) && isfinite(e.v));
+    }
+  }
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) part[blockIdx.x] = bad;
+}
+
+// One block: a step whose update would not be finite is skipped after all (the counters that
+// prepare() set for an applied step are taken back).
+__global__ void commit(StepStats* s, const int* part) {
+  const int bad = __syncthreads_or(part[threadIdx.x]);
+  if (threadIdx.x != 0 || !bad || !s->finite) return;
+  s->finite = 0;
+  s->adam_step -= 1;
+  s->skipped += 1;
+  s->loss_sum -= double(s->loss);
+  s->loss_n -= 1;
+}
+
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const uint8_t* mask, size_t N,
                              const StepStats* s, float b1, float b2, float eps, float wd, double beta1,
                              double beta2) {
   if (!s->finite) return;
-  const double lr = s->lr;
-  const double bc1 = 1.0 - pow(beta1, double(s->adam_step)), bc2 = 1.0 - pow(beta2, double(s->adam_step));
-  const float step_size = float(lr / bc1), inv_sqrt_bc2 = float(1.0 / sqrt(bc2));
-  const float decay = float(1.0 - lr * wd), scale = s->scale;
+  const AdamWConsts<float> c = consts_of(s, b1, b2, eps, wd, beta1, beta2);
+  const float scale = s->scale;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += size_t(gridDim.x) * blockDim.x) {
-    const float gi = g[i] * scale;
-    float pi = p[i];
-    if (!mask || mask[i]) pi *= decay;
-    const float mi = b1 * m[i] + (1.f - b1) * gi;
-    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    auto e = adamw_element(p[i], g[i] * scale, m[i], v[i], !mask || mask[i], c);
+    m[i] = e.m;
+    v[i] = e.v;
+    p[i] = e.p;
   }
 }
 
@@ -86,11 +117,17 @@ void optimizer_prepare(StepStats* s, const float* loss, const float* grads, size
 }
 
 void adamw_update(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask, size_t N,
-                  const StepStats* s, double beta1, double beta2, double eps, double weight_decay) {
+                  StepStats* s, double beta1, double beta2, double eps, double weight_decay) {
+  const float b1 = float(beta1), b2 = float(beta2), e = float(eps), wd = float(weight_decay);
+  auto* part = static_cast<int*>(lrnn::cuda::scratch(kNormBlocks * sizeof(int)));
+  finite_partials<<<kNormBlocks, kThreads, 0, lrnn::cuda::stream()>>>(part, params, grads, m, v, decay_mask, N, s, b1,
+                                                                       b2, e, wd, beta1, beta2);
+  LRNN_CUDA_LAUNCH_CHECK();
+  commit<<<1, kNormBlocks, 0, lrnn::cuda::stream()>>>(s, part);
+  LRNN_CUDA_LAUNCH_CHECK();
   unsigned blocks = unsigned(std::min<size_t>(lrnn::cuda::blocks_for(N, kThreads), 1024));
-  adamw_kernel<<<blocks, kThreads, 0, lrnn::cuda::stream()>>>(params, grads, m, v, decay_mask, N, s, float(beta1),
-                                                               float(beta2), float(eps), float(weight_decay), beta1,
-                                                               beta2);
+  adamw_kernel<<<blocks, kThreads, 0, lrnn::cuda::stream()>>>(params, grads, m, v, decay_mask, N, s, b1, b2, e, wd,
+                                                               beta1, beta2);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 

@@ -13,7 +13,7 @@ namespace lrnn::ops::cuda {
 struct StepStats {
   int64_t step;       // steps taken (applied or skipped): the next step's index into the lr table
   int64_t adam_step;  // updates applied (1-based bias correction)
-  int64_t skipped;    // steps dropped for a non-finite loss or gradient
+  int64_t skipped;    // steps dropped for a non-finite loss, gradient or update
   float loss, norm;   // the last step's loss and gradient norm (before clipping)
   float lr;           // the last step's learning rate
   float scale;        // the last step's clipping factor
@@ -28,7 +28,9 @@ struct StepStats {
 void optimizer_prepare(StepStats* s, const float* loss, const float* grads, size_t N, const float* lr_table,
                        int64_t table_size, double max_norm);
 // AdamW on params with grads * scale, at s->lr and s->adam_step; does nothing when !s->finite.
+// First checks that the update leaves every parameter and moment finite; when it would not, the
+// step is counted as skipped instead (s->finite = 0) and nothing is written.
 void adamw_update(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask, size_t N,
-                  const StepStats* s, double beta1, double beta2, double eps, double weight_decay);
+                  StepStats* s, double beta1, double beta2, double eps, double weight_decay);
 
 }  // namespace lrnn::ops::cuda
