@@ -28,15 +28,12 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_deltanet import OUT_DIR, write_safetensors, make_batch  # noqa: E402  (same file format)
+import golden_common as common  # noqa: E402
+from golden_common import DT, make_batch, swiglu_mlp  # noqa: E402
 
-torch.set_default_dtype(torch.float64)
-DT = torch.float64
 EPS = 1e-6
-ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
 
 try:
     import transformers
@@ -101,7 +98,7 @@ def llama_init(c, g, qk_gain):
 
 
 def rms_norm(x, w):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * w
+    return common.rms_norm(x, w, EPS)
 
 
 def rope_explicit(x, theta):
@@ -139,9 +136,7 @@ def llama_forward(P, c, tokens):
         q, k, v = (t.reshape(B, T, H, d // H) for t in (q, k, v))
         q, k = rope_explicit(q, theta), rope_explicit(k, theta)
         h = h + causal_attention(q, k, v).reshape(B, T, d) @ P[p + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, P[p + "post_attention_layernorm.weight"])
-        gate, up = x @ P[p + "mlp.gate_proj.weight"].T, x @ P[p + "mlp.up_proj.weight"].T
-        h = h + (F.silu(gate) * up) @ P[p + "mlp.down_proj.weight"].T
+        h = h + swiglu_mlp(rms_norm(h, P[p + "post_attention_layernorm.weight"]), P, p + "mlp.")
     return rms_norm(h, P["model.norm.weight"]) @ P["lm_head.weight"].T
 
 
@@ -270,70 +265,15 @@ def lstm_decay(name):
     return "bias" not in name
 
 
-# ============================================================================ shared
-
-def loss_fn(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-1)
-
-
-def adamw_trajectory(forward, decay, P0, tokens, labels):
-    a = ADAMW
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    opt = torch.optim.AdamW([dict(params=[t for n, t in P.items() if decay(n)], weight_decay=a["weight_decay"]),
-                             dict(params=[t for n, t in P.items() if not decay(n)], weight_decay=0.0)],
-                            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], foreach=False)
-    losses, norms = [], []
-    for _ in range(a["steps"]):
-        opt.zero_grad()
-        loss = loss_fn(forward(P, tokens), labels)
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(list(P.values()), a["max_grad_norm"], foreach=False).detach())
-        losses.append(loss.detach())
-        opt.step()
-    return torch.stack(losses), torch.stack(norms), {n: t.detach() for n, t in P.items()}
-
-
-def check_fd(forward, P0, tokens, labels, grads, per_tensor=3, h=1e-5):
-    g = torch.Generator().manual_seed(123)
-    worst = 0.0
-    with torch.no_grad():
-        for n, t in P0.items():
-            for idx in torch.randint(0, t.numel(), (per_tensor,), generator=g).tolist():
-                P = {m: x.clone() for m, x in P0.items()}
-                P[n].view(-1)[idx] += h
-                lp = loss_fn(forward(P, tokens), labels)
-                P[n].view(-1)[idx] -= 2 * h
-                lm = loss_fn(forward(P, tokens), labels)
-                worst = max(worst, abs(((lp - lm) / (2 * h)).item() - grads[n].view(-1)[idx].item()))
-    return worst
-
+# ============================================================================ cases
 
 def write_case(fname, block, hf_cfg, forward, decay, P0, tokens, labels, extra_note):
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    logits = forward(P, tokens)
-    loss = loss_fn(logits, labels)
-    loss.backward()
-    grads = {n: t.grad.detach().clone() for n, t in P.items()}
-    fd_err = check_fd(forward, P0, tokens, labels, grads)
-    assert fd_err < 1e-7, fd_err
-    a_loss, a_norm, a_params = adamw_trajectory(forward, decay, P0, tokens, labels)
-    assert a_loss[0].item() == loss.item()
-    t = {"inputs": tokens.to(torch.int64), "labels": labels.to(torch.int64), "logits": logits.detach(),
-         "loss": loss.detach().reshape(()), "adam.loss": a_loss, "adam.grad_norm": a_norm}
-    for n in P0:
-        t["param." + n] = P0[n]
-        t["grad." + n] = grads[n]
-        t["adam.param." + n] = a_params[n]
-    meta = {"config": json.dumps(block, sort_keys=True), "hf_config": json.dumps(hf_cfg, sort_keys=True),
-            "adamw": json.dumps(ADAMW, sort_keys=True), "generator": "tools/golden_baselines.py"}
-    path = os.path.join(OUT_DIR, fname)
-    write_safetensors(path, t, meta)
-    size = os.path.getsize(path)
-    assert size < 1_000_000, size
-    print(f"{fname}: {len(t)} tensors, {size} bytes, params={sum(x.numel() for x in P0.values())}, "
-          f"B,T={tuple(tokens.shape)}, supervised={int((labels != -1).sum())}/{labels.numel()}\n"
-          f"  loss={loss.item():.12f}  FD max|diff|={fd_err:.3e}  {extra_note}\n"
-          f"  adam.loss={[round(x, 6) for x in a_loss.tolist()]}")
+    logits, loss, grads = common.forward_backward(forward, P0, tokens, labels)
+    gold = common.Golden(fname, "tools/golden_baselines.py", block, forward, decay, P0, tokens, labels, logits, loss,
+                         grads, hf_config=hf_cfg)
+    print(f"{gold.summary(f', B,T={tuple(tokens.shape)}')}\n"
+          f"  loss={loss.item():.12f}  FD max|diff|={gold.fd_err:.3e}  {extra_note}\n"
+          f"{gold.adam_report()}")
 
 
 def llama_case(fname, seed, V, d, L, H, I, theta, B, T, qk_gain):
@@ -405,8 +345,7 @@ def main():
         ap.add_argument("--lrnn", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "lrnn"))
         a = ap.parse_args()
         return check_run(a.check_run, a.tokens, a.lrnn)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
+    common.deterministic()
     print(f"torch {torch.__version__}, transformers {transformers.__version__ if transformers else 'not installed'}")
     check_rope_against_hf()
     # T = 70 crosses lrnn's 64-query attention row blocks; theta 100 turns every frequency.

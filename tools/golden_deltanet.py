@@ -7,21 +7,18 @@ gradient, and the result of a few clipped-AdamW steps. Dev-only: CI never runs t
 
     python3 tools/golden_deltanet.py            # regenerates tests/data/golden_deltanet_*.safetensors
 """
-import json
 import math
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
-torch.set_default_dtype(torch.float64)
-DT = torch.float64
-OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import golden_common as common  # noqa: E402
+from golden_common import DT, causal_depthwise_conv, loss_fn, make_batch, swiglu_mlp  # noqa: E402,F401
+
 CONV, EPS = 4, 1e-6
-ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
 
 
 def make_config(V, d, L, H, conv, neg):
@@ -54,40 +51,32 @@ def param_shapes(c):
     return s
 
 
+def init_tensor(name, shape, g, d):
+    """Test values (not fla's init) for one tensor of a width-d delta-rule model: norm weights
+    around 1, conv kernels U(-0.5, 0.5), beta logits spread over most of sigmoid's range."""
+    if name.endswith("norm.weight"):
+        return 1 + 0.1 * torch.randn(shape, generator=g)
+    if name.endswith("conv1d.weight"):
+        return torch.rand(shape, generator=g) - 0.5
+    if name.endswith("b_proj.weight"):
+        return torch.randn(shape, generator=g) * (3 / math.sqrt(d))
+    if name == "model.embeddings.weight":
+        return torch.randn(shape, generator=g)
+    return torch.randn(shape, generator=g) / math.sqrt(shape[1])  # projections and lm_head: [out, in]
+
+
 def init_params(c, g):
-    d = c["hidden_size"]
-    params = {}
-    for name, shape in param_shapes(c).items():
-        if name.endswith("norm.weight"):
-            t = 1 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("conv1d.weight"):
-            t = torch.rand(shape, generator=g) - 0.5
-        elif name.endswith("b_proj.weight"):
-            t = torch.randn(shape, generator=g) * (3 / math.sqrt(d))
-        elif name == "model.embeddings.weight":
-            t = torch.randn(shape, generator=g)
-        else:  # projections and lm_head: [out, in]
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
-        params[name] = t.to(DT)
-    return params
+    return {name: init_tensor(name, shape, g, c["hidden_size"]).to(DT) for name, shape in param_shapes(c).items()}
 
 
 # ----------------------------------------------------------------------------- model
 
 def rms_norm(x, w):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * w
+    return common.rms_norm(x, w, EPS)
 
 
 def l2_norm(x):
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def causal_depthwise_conv(x, w):
-    """x [B,T,C], w [C,1,K]: y[b,t,c] = sum_j w[c,0,j] * x[b, t-(K-1)+j, c], x = 0 before t = 0."""
-    B, T, C = x.shape
-    K = w.shape[-1]
-    xp = torch.cat([x.new_zeros(B, K - 1, C), x], dim=1)
-    return sum(w[:, 0, j] * xp[:, j:j + T, :] for j in range(K))
 
 
 def delta_rule_loop(q, k, v, beta):
@@ -140,60 +129,13 @@ def forward(P, c, tokens, capture=None):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = h + attention(rms_norm(h, P[p + "attn_norm.weight"]), P, p, c, capture)
-        x = rms_norm(h, P[p + "mlp_norm.weight"])
-        g, u = x @ P[p + "mlp.gate_proj.weight"].T, x @ P[p + "mlp.up_proj.weight"].T
-        h = h + (F.silu(g) * u) @ P[p + "mlp.down_proj.weight"].T
+        h = h + swiglu_mlp(rms_norm(h, P[p + "mlp_norm.weight"]), P, p + "mlp.")
     return rms_norm(h, P["model.norm.weight"]) @ P["lm_head.weight"].T
 
 
-def loss_fn(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-1)
-
-
-# ----------------------------------------------------------------------------- data
-
-def make_batch(c, B, T, g):
-    V = c["vocab_size"]
-    tokens = torch.randint(0, V, (B, T), generator=g)
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[torch.rand(B, T, generator=g) < 0.3] = -1
-    for b in range(B):  # at least one supervised label per sequence
-        if (labels[b] == -1).all():
-            labels[b, 0] = torch.randint(0, V, (1,), generator=g)
-    return tokens, labels
-
-
-def adamw_trajectory(P0, c, tokens, labels):
-    a = ADAMW
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    decay = [t for n, t in P.items() if not n.endswith("norm.weight")]
-    no_decay = [t for n, t in P.items() if n.endswith("norm.weight")]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=a["weight_decay"]),
-                             dict(params=no_decay, weight_decay=0.0)],
-                            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], foreach=False)
-    # Hand-written reference of the same update (documents the exact formula the engine must match).
-    ref = {n: t.clone() for n, t in P0.items()}
-    m = {n: torch.zeros_like(t) for n, t in P0.items()}
-    s = {n: torch.zeros_like(t) for n, t in P0.items()}
-    losses, norms = [], []
-    for step in range(1, a["steps"] + 1):
-        opt.zero_grad()
-        loss = loss_fn(forward(P, c, tokens), labels)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), a["max_grad_norm"], foreach=False)
-        losses.append(loss.detach())
-        norms.append(norm.detach())
-        grads = {n: t.grad.clone() for n, t in P.items()}
-        opt.step()
-        for n in ref:  # own AdamW, fed with torch's clipped grads (params agree, so grads agree)
-            wd = 0.0 if n.endswith("norm.weight") else a["weight_decay"]
-            ref[n] = ref[n] * (1 - a["lr"] * wd)
-            m[n] = a["beta1"] * m[n] + (1 - a["beta1"]) * grads[n]
-            s[n] = a["beta2"] * s[n] + (1 - a["beta2"]) * grads[n] ** 2
-            mhat, shat = m[n] / (1 - a["beta1"] ** step), s[n] / (1 - a["beta2"] ** step)
-            ref[n] = ref[n] - a["lr"] * mhat / (shat.sqrt() + a["eps"])
-    err = max((ref[n] - P[n].detach()).abs().max().item() for n in P)
-    return torch.stack(losses), torch.stack(norms), {n: t.detach() for n, t in P.items()}, err
+def decays(name):
+    """AdamW decays everything but the norm weights."""
+    return not name.endswith("norm.weight")
 
 
 # ----------------------------------------------------------------------------- self-checks
@@ -214,55 +156,10 @@ def check_gradcheck():
         tokens, labels = make_batch(c, 2, 5, g)
         for fast in (False, True):
             names = [n for n in P if fast or ".mlp." not in n]
-            fixed = {n: t for n, t in P.items() if n not in names}
-            fn = lambda *ts: loss_fn(forward({**fixed, **dict(zip(names, ts))}, c, tokens), labels)
-            ok = torch.autograd.gradcheck(fn, [P[n].clone().requires_grad_(True) for n in names],
-                                          eps=1e-6, atol=1e-8, rtol=1e-6, fast_mode=fast)
+            ok = common.gradcheck(lambda P, tok: forward(P, c, tok), P, tokens, labels, names, fast_mode=fast)
             print(f"gradcheck tiny (conv={conv}, neg={neg}, fast_mode={fast}, "
                   f"{sum(P[n].numel() for n in names)} elements in {len(names)} params): {ok}")
             assert ok
-
-
-def check_fd(P0, c, tokens, labels, grads, per_tensor=3, h=1e-5):
-    """Central differences on a few entries of every parameter of the golden case itself."""
-    g = torch.Generator().manual_seed(123)
-    worst = 0.0
-    with torch.no_grad():
-        for n, t in P0.items():
-            for idx in torch.randint(0, t.numel(), (per_tensor,), generator=g).tolist():
-                P = {m: x.clone() for m, x in P0.items()}
-                P[n].view(-1)[idx] += h
-                lp = loss_fn(forward(P, c, tokens), labels)
-                P[n].view(-1)[idx] -= 2 * h
-                lm = loss_fn(forward(P, c, tokens), labels)
-                fd = ((lp - lm) / (2 * h)).item()
-                worst = max(worst, abs(fd - grads[n].view(-1)[idx].item()))
-    return worst
-
-
-# ----------------------------------------------------------------------------- file output
-
-def write_safetensors(path, tensors, metadata):
-    """safetensors.torch.save_file emits __metadata__ in random (Rust HashMap) order, so the bytes
-    would change on every run. Write the format directly: u64 header length, JSON header (metadata
-    first, then tensors sorted by name), space-padded to 8 bytes, then little-endian raw data."""
-    assert sys.byteorder == "little"
-    dtypes = {torch.float64: "F64", torch.int64: "I64"}
-    header, blobs, off = {"__metadata__": metadata}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        blob = t.numpy().tobytes()
-        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(blob)]}
-        blobs.append(blob)
-        off += len(blob)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    with safe_open(path, framework="pt") as f:  # read back with the reference library
-        assert f.metadata() == metadata and sorted(f.keys()) == sorted(tensors)
-        for name in f.keys():
-            assert torch.equal(f.get_tensor(name), tensors[name]), name
 
 
 # ----------------------------------------------------------------------------- cases
@@ -272,46 +169,23 @@ def run_case(fname, seed, V, d, L, H, conv, neg, B, T):
     g = torch.Generator().manual_seed(seed)
     P0 = init_params(c, g)
     tokens, labels = make_batch(c, B, T, g)
-
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
     capture = []
-    logits = forward(P, c, tokens, capture)
-    loss = loss_fn(logits, labels)
-    loss.backward()
-    grads = {n: t.grad.detach().clone() for n, t in P.items()}
+    logits, loss, grads = common.forward_backward(lambda P, tok: forward(P, c, tok, capture), P0, tokens, labels)
 
     rule_err = max((delta_rule_loop(*x) - delta_rule_matrices(*x)).abs().max().item() for x in capture)
     assert rule_err < 1e-12, rule_err
     betas = torch.cat([x[3].flatten() for x in capture])
-    fd_err = check_fd(P0, c, tokens, labels, grads)
-    assert fd_err < 1e-7, fd_err
-    a_loss, a_norm, a_params, adam_err = adamw_trajectory(P0, c, tokens, labels)
-    assert adam_err < 1e-12, adam_err
-    assert a_loss[0].item() == loss.item()
-
-    t = {"inputs": tokens.to(torch.int64), "labels": labels.to(torch.int64),
-         "logits": logits.detach(), "loss": loss.detach().reshape(()),
-         "adam.loss": a_loss, "adam.grad_norm": a_norm}
-    for n in P0:
-        t["param." + n] = P0[n]
-        t["grad." + n] = grads[n]
-        t["adam.param." + n] = a_params[n]
-    meta = {"config": json.dumps(c, sort_keys=True), "adamw": json.dumps(ADAMW, sort_keys=True),
-            "generator": "tools/golden_deltanet.py"}
-    path = os.path.join(OUT_DIR, fname)
-    write_safetensors(path, t, meta)
-    print(f"{fname}: {len(t)} tensors, {os.path.getsize(path)} bytes, params={sum(x.numel() for x in P0.values())}, "
-          f"supervised={int((labels != -1).sum())}/{labels.numel()}\n"
+    gold = common.Golden(fname, "tools/golden_deltanet.py", c, lambda P, tok: forward(P, c, tok), decays, P0, tokens,
+                         labels, logits, loss, grads, max_bytes=None)
+    print(f"{gold.summary()}\n"
           f"  loss={loss.item():.12f}  beta range=[{betas.min().item():.4f}, {betas.max().item():.4f}]\n"
-          f"  delta rule loop vs matrices max|diff|={rule_err:.3e}  FD max|diff|={fd_err:.3e}  "
-          f"own AdamW vs torch max|diff|={adam_err:.3e}\n"
-          f"  adam.loss={[round(x, 6) for x in a_loss.tolist()]}\n"
-          f"  adam.grad_norm={[round(x, 6) for x in a_norm.tolist()]}")
+          f"  delta rule loop vs matrices max|diff|={rule_err:.3e}  FD max|diff|={gold.fd_err:.3e}  "
+          f"own AdamW vs torch max|diff|={gold.adam_err:.3e}\n"
+          f"{gold.adam_report(norms=True)}")
 
 
 def main():
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)  # fixed reduction order -> same bytes on re-run
+    common.deterministic()
     check_param_count()
     check_gradcheck()
     run_case("golden_deltanet_neg.safetensors", 1001, V=3, d=32, L=2, H=2, conv=True, neg=True, B=3, T=16)

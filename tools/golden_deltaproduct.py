@@ -10,7 +10,6 @@ logits, loss, every gradient, and a few clipped-AdamW steps. Dev-only: CI never 
 
     python3 tools/golden_deltaproduct.py   # regenerates tests/data/golden_deltaproduct_*.safetensors
 """
-import json
 import math
 import os
 import sys
@@ -19,12 +18,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_deltanet import causal_depthwise_conv, l2_norm, loss_fn, rms_norm, write_safetensors  # noqa: E402
-
-torch.set_default_dtype(torch.float64)
-DT = torch.float64
-OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
-ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
+import golden_common as common  # noqa: E402
+from golden_common import DT, causal_depthwise_conv, make_batch, swiglu_mlp  # noqa: E402
+from golden_deltanet import init_tensor, l2_norm, rms_norm  # noqa: E402
 
 
 def make_config(model_type, V, d, L, H, head_dim, expand_v, nh, fg, og, conv, neg, I):
@@ -90,27 +86,19 @@ def no_decay(name):
 
 def init_params(c, g):
     """Test values, not fla's init: spread so every path (betas across (0, 2), decays from ~1 to
-    ~0.1, open and closed output gates) carries signal."""
+    ~0.1, open and closed output gates) carries signal. The gates' tensors here, the rest as DeltaNet's."""
     d = c["hidden_size"]
     P = {}
     for name, shape in param_shapes(c).items():
-        if name.endswith("norm.weight"):
-            t = 1 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("conv1d.weight"):
-            t = torch.rand(shape, generator=g) - 0.5
-        elif name.endswith("b_proj.weight"):
-            t = torch.randn(shape, generator=g) * (3 / math.sqrt(d))
-        elif name.endswith("A_log"):
+        if name.endswith("A_log"):
             t = torch.log(1 + 15 * torch.rand(shape, generator=g))
         elif name.endswith("dt_bias"):
             dt = torch.exp(math.log(1e-2) + torch.rand(shape, generator=g) * (math.log(1.0) - math.log(1e-2)))
             t = dt + torch.log(-torch.expm1(-dt))  # softplus^-1
         elif name.endswith("g_proj.weight"):
             t = torch.randn(shape, generator=g) * (2 / math.sqrt(d))
-        elif name == "model.embeddings.weight":
-            t = torch.randn(shape, generator=g)
-        else:  # projections and lm_head: [out, in]
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+        else:
+            t = init_tensor(name, shape, g, d)
         P[name] = t.to(DT)
     return P
 
@@ -196,52 +184,12 @@ def forward(P, c, tokens, capture=None):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = h + mixer(rms_norm(h, P[p + "attn_norm.weight"]), P, p + "attn.", c, capture)
-        x = rms_norm(h, P[p + "mlp_norm.weight"])
-        h = h + (F.silu(x @ P[p + "mlp.gate_proj.weight"].T) * (x @ P[p + "mlp.up_proj.weight"].T)) \
-            @ P[p + "mlp.down_proj.weight"].T
+        h = h + swiglu_mlp(rms_norm(h, P[p + "mlp_norm.weight"]), P, p + "mlp.")
     return rms_norm(h, P["model.norm.weight"]) @ P["lm_head.weight"].T
 
 
-# ----------------------------------------------------------------------------- data, optimiser
-
-def make_batch(c, B, T, g):
-    V = c["vocab_size"]
-    tokens = torch.randint(0, V, (B, T), generator=g)
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[torch.rand(B, T, generator=g) < 0.3] = -1
-    for b in range(B):
-        if (labels[b] == -1).all():
-            labels[b, 0] = 0
-    return tokens, labels
-
-
-def adamw_trajectory(P0, c, tokens, labels):
-    a = ADAMW
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    opt = torch.optim.AdamW([dict(params=[t for n, t in P.items() if not no_decay(n)], weight_decay=a["weight_decay"]),
-                             dict(params=[t for n, t in P.items() if no_decay(n)], weight_decay=0.0)],
-                            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], foreach=False)
-    ref = {n: t.clone() for n, t in P0.items()}  # hand-written AdamW, the formula the engine matches
-    m = {n: torch.zeros_like(t) for n, t in P0.items()}
-    s = {n: torch.zeros_like(t) for n, t in P0.items()}
-    losses, norms = [], []
-    for step in range(1, a["steps"] + 1):
-        opt.zero_grad()
-        loss = loss_fn(forward(P, c, tokens), labels)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), a["max_grad_norm"], foreach=False)
-        losses.append(loss.detach())
-        norms.append(norm.detach())
-        grads = {n: t.grad.clone() for n, t in P.items()}
-        opt.step()
-        for n in ref:
-            wd = 0.0 if no_decay(n) else a["weight_decay"]
-            ref[n] = ref[n] * (1 - a["lr"] * wd)
-            m[n] = a["beta1"] * m[n] + (1 - a["beta1"]) * grads[n]
-            s[n] = a["beta2"] * s[n] + (1 - a["beta2"]) * grads[n] ** 2
-            ref[n] = ref[n] - a["lr"] * (m[n] / (1 - a["beta1"] ** step)) / ((s[n] / (1 - a["beta2"] ** step)).sqrt() + a["eps"])
-    err = max((ref[n] - P[n].detach()).abs().max().item() for n in P)
-    return torch.stack(losses), torch.stack(norms), {n: t.detach() for n, t in P.items()}, err
+def decays(name):
+    return not no_decay(name)
 
 
 # ----------------------------------------------------------------------------- self-checks
@@ -253,29 +201,11 @@ def check_gradcheck():
               make_config("gated_deltanet", 5, 8, 1, 2, 4, 1.0, 1, True, True, True, False, 6)):
         g = torch.Generator().manual_seed(7)
         P = init_params(c, g)
-        tokens, labels = make_batch(c, 2, 5, g)
-        names = list(P)
-        fn = lambda *ts: loss_fn(forward(dict(zip(names, ts)), c, tokens), labels)  # noqa: E731
-        ok = torch.autograd.gradcheck(fn, [P[n].clone().requires_grad_(True) for n in names],
-                                      eps=1e-6, atol=1e-8, rtol=1e-6)
+        tokens, labels = make_batch(c, 2, 5, g, empty_row_label=0)
+        ok = common.gradcheck(lambda P, tok: forward(P, c, tok), P, tokens, labels)
         print(f"gradcheck tiny {c['model_type']} n_h={arch(c)[0]} gates={arch(c)[1:]} "
               f"({sum(t.numel() for t in P.values())} elements): {ok}")
         assert ok
-
-
-def check_fd(P0, c, tokens, labels, grads, per_tensor=3, h=1e-5):
-    g = torch.Generator().manual_seed(123)
-    worst = 0.0
-    with torch.no_grad():
-        for n, t in P0.items():
-            for idx in torch.randint(0, t.numel(), (per_tensor,), generator=g).tolist():
-                P = {m: x.clone() for m, x in P0.items()}
-                P[n].view(-1)[idx] += h
-                lp = loss_fn(forward(P, c, tokens), labels)
-                P[n].view(-1)[idx] -= 2 * h
-                lm = loss_fn(forward(P, c, tokens), labels)
-                worst = max(worst, abs(((lp - lm) / (2 * h)).item() - grads[n].view(-1)[idx].item()))
-    return worst
 
 
 # ----------------------------------------------------------------------------- cases
@@ -283,50 +213,26 @@ def check_fd(P0, c, tokens, labels, grads, per_tensor=3, h=1e-5):
 def run_case(fname, seed, c, B, T):
     g = torch.Generator().manual_seed(seed)
     P0 = init_params(c, g)
-    tokens, labels = make_batch(c, B, T, g)
-
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
+    tokens, labels = make_batch(c, B, T, g, empty_row_label=0)
     capture = []
-    logits = forward(P, c, tokens, capture)
-    loss = loss_fn(logits, labels)
-    loss.backward()
-    grads = {n: t.grad.detach().clone() for n, t in P.items()}
+    logits, loss, grads = common.forward_backward(lambda P, tok: forward(P, c, tok, capture), P0, tokens, labels)
 
     rule_err = max((delta_product_loop(*x) - delta_product_matrices(*x)).abs().max().item() for x in capture)
     assert rule_err < 1e-12, rule_err
     betas = torch.cat([x[3].flatten() for x in capture])
     alphas = torch.cat([x[4].exp().flatten() for x in capture]) if capture[0][4] is not None else None
-    fd_err = check_fd(P0, c, tokens, labels, grads)
-    assert fd_err < 1e-7, fd_err
-    a_loss, a_norm, a_params, adam_err = adamw_trajectory(P0, c, tokens, labels)
-    assert adam_err < 1e-12, adam_err
-    assert a_loss[0].item() == loss.item()
-
-    t = {"inputs": tokens.to(torch.int64), "labels": labels.to(torch.int64),
-         "logits": logits.detach(), "loss": loss.detach().reshape(()),
-         "adam.loss": a_loss, "adam.grad_norm": a_norm}
-    for n in P0:
-        t["param." + n] = P0[n]
-        t["grad." + n] = grads[n]
-        t["adam.param." + n] = a_params[n]
-    meta = {"config": json.dumps(c, sort_keys=True), "adamw": json.dumps(ADAMW, sort_keys=True),
-            "generator": "tools/golden_deltaproduct.py"}
-    path = os.path.join(OUT_DIR, fname)
-    write_safetensors(path, t, meta)
-    size = os.path.getsize(path)
-    assert size < 1_000_000, size
+    gold = common.Golden(fname, "tools/golden_deltaproduct.py", c, lambda P, tok: forward(P, c, tok), decays, P0,
+                         tokens, labels, logits, loss, grads)
     arange = f", alpha range=[{alphas.min().item():.4f}, {alphas.max().item():.4f}]" if alphas is not None else ""
-    print(f"{fname}: {len(t)} tensors, {size} bytes, params={sum(x.numel() for x in P0.values())}, "
-          f"supervised={int((labels != -1).sum())}/{labels.numel()}\n"
+    print(f"{gold.summary()}\n"
           f"  loss={loss.item():.12f}  beta range=[{betas.min().item():.4f}, {betas.max().item():.4f}]{arange}\n"
-          f"  token loop vs explicit matrices max|diff|={rule_err:.3e}  FD max|diff|={fd_err:.3e}  "
-          f"own AdamW vs torch max|diff|={adam_err:.3e}\n"
-          f"  adam.loss={[round(x, 6) for x in a_loss.tolist()]}")
+          f"  token loop vs explicit matrices max|diff|={rule_err:.3e}  FD max|diff|={gold.fd_err:.3e}  "
+          f"own AdamW vs torch max|diff|={gold.adam_err:.3e}\n"
+          f"{gold.adam_report()}")
 
 
 def main():
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)  # fixed reduction order -> same bytes on re-run
+    common.deterministic()
     check_gradcheck()
     run_case("golden_deltaproduct_nh2_gates.safetensors", 3003,
              make_config("gated_deltaproduct", 5, 32, 2, 2, 8, 2.0, 2, True, True, True, True, 64), B=2, T=12)

@@ -15,21 +15,18 @@ transitions), a hand-written AdamW against torch's, the parameter count of the P
 when `transformers` is installed — logits of HF's own MambaForCausalLM (slow path) loaded with our
 parameters by name (strict) for the [0,1] cases.
 """
-import json
 import math
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
-torch.set_default_dtype(torch.float64)
-DT = torch.float64
-OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import golden_common as common  # noqa: E402
+from golden_common import DT, causal_depthwise_conv, make_batch  # noqa: E402
+
 EPS = 1e-5
-ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
 
 
 def make_config(V, d, L, S, expand, K, R, neg, use_bias, conv_bias):
@@ -101,16 +98,7 @@ def init_params(c, g):
 # ----------------------------------------------------------------------------- model
 
 def rms_norm(x, w):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * w
-
-
-def causal_depthwise_conv(x, w, b):
-    """x [B,T,C], w [C,1,K], b [C] or None: y[b,t,c] = b[c] + sum_j w[c,0,j] x[b, t-(K-1)+j, c]."""
-    B, T, C = x.shape
-    K = w.shape[-1]
-    xp = torch.cat([x.new_zeros(B, K - 1, C), x], dim=1)
-    y = sum(w[:, 0, j] * xp[:, j:j + T, :] for j in range(K))
-    return y if b is None else y + b
+    return common.rms_norm(x, w, EPS)
 
 
 def scan_loop(x, delta, A, Bm, Cm, D, neg):
@@ -172,53 +160,8 @@ def forward(P, c, tokens, capture=None):
     return rms_norm(h, P["backbone.norm_f.weight"]) @ P["lm_head.weight"].T
 
 
-def loss_fn(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-1)
-
-
-# ----------------------------------------------------------------------------- data
-
-def make_batch(c, B, T, g):
-    V = c["vocab_size"]
-    tokens = torch.randint(0, V, (B, T), generator=g)
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[torch.rand(B, T, generator=g) < 0.3] = -1
-    for b in range(B):  # at least one supervised label per sequence
-        if (labels[b] == -1).all():
-            labels[b, 0] = torch.randint(0, V, (1,), generator=g)
-    return tokens, labels
-
-
-def adamw_trajectory(P0, c, tokens, labels):
-    a = ADAMW
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    decay = [t for n, t in P.items() if not no_decay(n)]
-    nodecay = [t for n, t in P.items() if no_decay(n)]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=a["weight_decay"]),
-                             dict(params=nodecay, weight_decay=0.0)],
-                            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], foreach=False)
-    ref = {n: t.clone() for n, t in P0.items()}
-    m = {n: torch.zeros_like(t) for n, t in P0.items()}
-    s = {n: torch.zeros_like(t) for n, t in P0.items()}
-    losses, norms = [], []
-    for step in range(1, a["steps"] + 1):
-        opt.zero_grad()
-        loss = loss_fn(forward(P, c, tokens), labels)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), a["max_grad_norm"], foreach=False)
-        losses.append(loss.detach())
-        norms.append(norm.detach())
-        grads = {n: t.grad.clone() for n, t in P.items()}
-        opt.step()
-        for n in ref:  # own AdamW on torch's clipped grads: documents the exact update
-            wd = 0.0 if no_decay(n) else a["weight_decay"]
-            ref[n] = ref[n] * (1 - a["lr"] * wd)
-            m[n] = a["beta1"] * m[n] + (1 - a["beta1"]) * grads[n]
-            s[n] = a["beta2"] * s[n] + (1 - a["beta2"]) * grads[n] ** 2
-            mhat, shat = m[n] / (1 - a["beta1"] ** step), s[n] / (1 - a["beta2"] ** step)
-            ref[n] = ref[n] - a["lr"] * mhat / (shat.sqrt() + a["eps"])
-    err = max((ref[n] - P[n].detach()).abs().max().item() for n in P)
-    return torch.stack(losses), torch.stack(norms), {n: t.detach() for n, t in P.items()}, err
+def decays(name):
+    return not no_decay(name)
 
 
 # ----------------------------------------------------------------------------- self-checks
@@ -236,29 +179,10 @@ def check_gradcheck():
         g = torch.Generator().manual_seed(7)
         P = init_params(c, g)
         tokens, labels = make_batch(c, 2, 6, g)
-        names = list(P)
-        fn = lambda *ts: loss_fn(forward(dict(zip(names, ts)), c, tokens), labels)
-        ok = torch.autograd.gradcheck(fn, [P[n].clone().requires_grad_(True) for n in names],
-                                      eps=1e-6, atol=1e-8, rtol=1e-6)
+        ok = common.gradcheck(lambda P, tok: forward(P, c, tok), P, tokens, labels)
         print(f"gradcheck tiny (neg={neg}, use_bias={bias}, conv_bias={conv_bias}, "
-              f"{sum(t.numel() for t in P.values())} elements in {len(names)} params): {ok}")
+              f"{sum(t.numel() for t in P.values())} elements in {len(P)} params): {ok}")
         assert ok
-
-
-def check_fd(P0, c, tokens, labels, grads, per_tensor=3, h=1e-5):
-    g = torch.Generator().manual_seed(123)
-    worst = 0.0
-    with torch.no_grad():
-        for n, t in P0.items():
-            for idx in torch.randint(0, t.numel(), (per_tensor,), generator=g).tolist():
-                P = {m: x.clone() for m, x in P0.items()}
-                P[n].view(-1)[idx] += h
-                lp = loss_fn(forward(P, c, tokens), labels)
-                P[n].view(-1)[idx] -= 2 * h
-                lm = loss_fn(forward(P, c, tokens), labels)
-                fd = ((lp - lm) / (2 * h)).item()
-                worst = max(worst, abs(fd - grads[n].view(-1)[idx].item()) / max(1.0, abs(fd)))
-    return worst
 
 
 def check_hf(P0, c, tokens, logits):
@@ -282,30 +206,6 @@ def check_hf(P0, c, tokens, logits):
     return err
 
 
-# ----------------------------------------------------------------------------- file output
-
-def write_safetensors(path, tensors, metadata):
-    """Deterministic bytes (safetensors.torch.save_file orders __metadata__ randomly): u64 header
-    length, JSON header (metadata first, tensors sorted by name) padded to 8 bytes, raw data."""
-    assert sys.byteorder == "little"
-    dtypes = {torch.float64: "F64", torch.int64: "I64"}
-    header, blobs, off = {"__metadata__": metadata}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        blob = t.numpy().tobytes()
-        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(blob)]}
-        blobs.append(blob)
-        off += len(blob)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    with safe_open(path, framework="pt") as f:
-        assert f.metadata() == metadata and sorted(f.keys()) == sorted(tensors)
-        for name in f.keys():
-            assert torch.equal(f.get_tensor(name), tensors[name]), name
-
-
 # ----------------------------------------------------------------------------- cases
 
 def run_case(fname, seed, B, T, **cfg):
@@ -313,52 +213,27 @@ def run_case(fname, seed, B, T, **cfg):
     g = torch.Generator().manual_seed(seed)
     P0 = init_params(c, g)
     tokens, labels = make_batch(c, B, T, g)
-
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
     capture = []
-    logits = forward(P, c, tokens, capture)
-    loss = loss_fn(logits, labels)
-    loss.backward()
-    grads = {n: t.grad.detach().clone() for n, t in P.items()}
+    logits, loss, grads = common.forward_backward(lambda P, tok: forward(P, c, tok, capture), P0, tokens, labels)
 
     neg = c["allow_neg_eigval"]
     scan_err = max((scan_loop(*x, neg) - scan_products(*x, neg)).abs().max().item() for x in capture)
     assert scan_err < 1e-11, scan_err
     abar = torch.cat([(2 * torch.exp(x[1][..., None] * x[2]) - 1 if neg else torch.exp(x[1][..., None] * x[2])).flatten()
                       for x in capture])
-    fd_err = check_fd(P0, c, tokens, labels, grads)
-    assert fd_err < 1e-7, fd_err
     hf_err = None if neg else check_hf(P0, c, tokens, logits.detach())
-    a_loss, a_norm, a_params, adam_err = adamw_trajectory(P0, c, tokens, labels)
-    assert adam_err < 1e-12, adam_err
-    assert a_loss[0].item() == loss.item()
-
-    t = {"inputs": tokens.to(torch.int64), "labels": labels.to(torch.int64),
-         "logits": logits.detach(), "loss": loss.detach().reshape(()),
-         "adam.loss": a_loss, "adam.grad_norm": a_norm}
-    for n in P0:
-        t["param." + n] = P0[n]
-        t["grad." + n] = grads[n]
-        t["adam.param." + n] = a_params[n]
-    meta = {"config": json.dumps(c, sort_keys=True), "adamw": json.dumps(ADAMW, sort_keys=True),
-            "generator": "tools/golden_mamba.py"}
-    path = os.path.join(OUT_DIR, fname)
-    write_safetensors(path, t, meta)
-    size = os.path.getsize(path)
-    assert size < 1_000_000, size
-    print(f"{fname}: {len(t)} tensors, {size} bytes, params={sum(x.numel() for x in P0.values())}, "
-          f"supervised={int((labels != -1).sum())}/{labels.numel()}\n"
+    gold = common.Golden(fname, "tools/golden_mamba.py", c, lambda P, tok: forward(P, c, tok), decays, P0, tokens,
+                         labels, logits, loss, grads, fd_relative=True)
+    print(f"{gold.summary()}\n"
           f"  loss={loss.item():.12f}  abar range=[{abar.min().item():.6f}, {abar.max().item():.6f}]\n"
-          f"  scan loop vs products max|diff|={scan_err:.3e}  FD max rel diff={fd_err:.3e}  "
-          f"own AdamW vs torch max|diff|={adam_err:.3e}  HF MambaForCausalLM rel diff="
+          f"  scan loop vs products max|diff|={scan_err:.3e}  FD max rel diff={gold.fd_err:.3e}  "
+          f"own AdamW vs torch max|diff|={gold.adam_err:.3e}  HF MambaForCausalLM rel diff="
           f"{'n/a' if hf_err is None else f'{hf_err:.3e}'}\n"
-          f"  adam.loss={[round(x, 6) for x in a_loss.tolist()]}\n"
-          f"  adam.grad_norm={[round(x, 6) for x in a_norm.tolist()]}")
+          f"{gold.adam_report(norms=True)}")
 
 
 def main():
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)  # fixed reduction order -> same bytes on re-run
+    common.deterministic()
     check_param_count()
     check_gradcheck()
     # [-1,1]: two layers, T=24 crosses the engine's 16-token backward chunks.

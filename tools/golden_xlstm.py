@@ -10,7 +10,6 @@ gradient, and the result of a few clipped-AdamW steps. Dev-only: CI never runs t
 
     python3 tools/golden_xlstm.py          # regenerates tests/data/golden_{mlstm,slstm}_*.safetensors
 """
-import json
 import math
 import os
 import sys
@@ -19,13 +18,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_deltanet import write_safetensors  # noqa: E402  (deterministic safetensors writer)
+import golden_common as common  # noqa: E402
+from golden_common import DT, causal_depthwise_conv, make_batch  # noqa: E402
 
-torch.set_default_dtype(torch.float64)
-DT = torch.float64
-OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 LN_EPS, MLSTM_EPS = 1e-5, 1e-6
-ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
 
 
 def round_up(factor, d, multiple):
@@ -143,14 +139,6 @@ def layer_norm(x, w, groups=1):
     return y if w is None else y * (1 + w)
 
 
-def causal_conv(x, w, b):
-    """x [B,T,C], w [C,1,K], b [C]: y[t] = b + sum_j w[:,0,j] x[t-(K-1)+j], zeros before t = 0."""
-    B, T, C = x.shape
-    K = w.shape[-1]
-    xp = torch.cat([x.new_zeros(B, K - 1, C), x], dim=1)
-    return b + sum(w[:, 0, j] * xp[:, j:j + T, :] for j in range(K))
-
-
 def headwise(x, w, b=None):
     """Block-diagonal map: x [..., H*I], w [H, O, I] -> [..., H*O]."""
     H, O, I = w.shape
@@ -248,6 +236,13 @@ def slstm_unstabilised(raw_x, R, bias):
 
 # ----------------------------------------------------------------------------- model
 
+def conv_silu(x, P, p, c):
+    """SiLU(causal conv1d(x) + bias), or x itself without a conv (conv1d_kernel_size 0)."""
+    if not c["conv1d_kernel_size"]:
+        return x
+    return F.silu(causal_depthwise_conv(x, P[p + "conv1d.conv.weight"], P[p + "conv1d.conv.bias"]))
+
+
 def mlstm_layer(x, P, p, c, capture):
     B, T, d = x.shape
     D = dims(c)
@@ -257,7 +252,7 @@ def mlstm_layer(x, P, p, c, capture):
     if c["bias"]:
         up = up + P[p + "proj_up.bias"]
     xm, z = up[..., :I], up[..., I:]
-    xc = F.silu(causal_conv(xm, P[p + "conv1d.conv.weight"], P[p + "conv1d.conv.bias"])) if c["conv1d_kernel_size"] else xm
+    xc = conv_silu(xm, P, p, c)
     q = headwise(xc, P[p + "q_proj.weight"], bias("q_proj.bias"))
     k = headwise(xc, P[p + "k_proj.weight"], bias("k_proj.bias"))
     v = headwise(xm, P[p + "v_proj.weight"], bias("v_proj.bias"))
@@ -277,7 +272,7 @@ def mlstm_layer(x, P, p, c, capture):
 def slstm_layer(x, P, p, c, capture):
     B, T, d = x.shape
     H, dh = c["num_heads"], dims(c)["dh"]
-    xc = F.silu(causal_conv(x, P[p + "conv1d.conv.weight"], P[p + "conv1d.conv.bias"])) if c["conv1d_kernel_size"] else x
+    xc = conv_silu(x, P, p, c)
     # The package's sLSTMLayer.forward puts the module named `fgate` into the input-gate slot and
     # `igate` into the forget-gate slot (cat([i, f, z, o]) with i = fgate(x_conv), f = igate(x_conv)).
     gates = [headwise(xc, P[p + "fgate.weight"]), headwise(xc, P[p + "igate.weight"]),
@@ -304,53 +299,6 @@ def forward(P, c, tokens, capture=None):
             h = h + (F.gelu(g) * u) @ P[p + "ffn.proj_down.weight"].T
     h = layer_norm(h, P["xlstm_block_stack.post_blocks_norm.weight"])
     return h @ P["lm_head.weight"].T
-
-
-def loss_fn(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-1)
-
-
-# ----------------------------------------------------------------------------- data, optimizer
-
-def make_batch(c, B, T, g):
-    V = c["vocab_size"]
-    tokens = torch.randint(0, V, (B, T), generator=g)
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[torch.rand(B, T, generator=g) < 0.3] = -1
-    for b in range(B):
-        if (labels[b] == -1).all():
-            labels[b, 0] = torch.randint(0, V, (1,), generator=g)
-    return tokens, labels
-
-
-def adamw_trajectory(P0, c, tokens, labels):
-    a = ADAMW
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
-    opt = torch.optim.AdamW([dict(params=[t for n, t in P.items() if decays(n)], weight_decay=a["weight_decay"]),
-                             dict(params=[t for n, t in P.items() if not decays(n)], weight_decay=0.0)],
-                            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], foreach=False)
-    ref = {n: t.clone() for n, t in P0.items()}  # own AdamW, the formula the engine must match
-    m = {n: torch.zeros_like(t) for n, t in P0.items()}
-    s = {n: torch.zeros_like(t) for n, t in P0.items()}
-    losses, norms = [], []
-    for step in range(1, a["steps"] + 1):
-        opt.zero_grad()
-        loss = loss_fn(forward(P, c, tokens), labels)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), a["max_grad_norm"], foreach=False)
-        losses.append(loss.detach())
-        norms.append(norm.detach())
-        grads = {n: t.grad.clone() for n, t in P.items()}
-        opt.step()
-        for n in ref:
-            wd = a["weight_decay"] if decays(n) else 0.0
-            ref[n] = ref[n] * (1 - a["lr"] * wd)
-            m[n] = a["beta1"] * m[n] + (1 - a["beta1"]) * grads[n]
-            s[n] = a["beta2"] * s[n] + (1 - a["beta2"]) * grads[n] ** 2
-            mhat, shat = m[n] / (1 - a["beta1"] ** step), s[n] / (1 - a["beta2"] ** step)
-            ref[n] = ref[n] - a["lr"] * mhat / (shat.sqrt() + a["eps"])
-    err = max((ref[n] - P[n].detach()).abs().max().item() for n in P)
-    return torch.stack(losses), torch.stack(norms), {n: t.detach() for n, t in P.items()}, err
 
 
 # ----------------------------------------------------------------------------- self-checks
@@ -399,27 +347,9 @@ def check_gradcheck():
         g = torch.Generator().manual_seed(7)
         P = init_params(c, g)
         tokens, labels = make_batch(c, 2, 5, g)
-        names = list(P)
-        fn = lambda *ts: loss_fn(forward(dict(zip(names, ts)), c, tokens), labels)
-        ok = torch.autograd.gradcheck(fn, [P[n].clone().requires_grad_(True) for n in names], eps=1e-6, atol=1e-8,
-                                      rtol=1e-6)
-        print(f"gradcheck tiny {mt} ({sum(t.numel() for t in P.values())} elements in {len(names)} params): {ok}")
+        ok = common.gradcheck(lambda P, tok: forward(P, c, tok), P, tokens, labels)
+        print(f"gradcheck tiny {mt} ({sum(t.numel() for t in P.values())} elements in {len(P)} params): {ok}")
         assert ok
-
-
-def check_fd(P0, c, tokens, labels, grads, per_tensor=3, h=1e-5):
-    g = torch.Generator().manual_seed(123)
-    worst = 0.0
-    with torch.no_grad():
-        for n, t in P0.items():
-            for idx in torch.randint(0, t.numel(), (per_tensor,), generator=g).tolist():
-                P = {m: x.clone() for m, x in P0.items()}
-                P[n].view(-1)[idx] += h
-                lp = loss_fn(forward(P, c, tokens), labels)
-                P[n].view(-1)[idx] -= 2 * h
-                lm = loss_fn(forward(P, c, tokens), labels)
-                worst = max(worst, abs(((lp - lm) / (2 * h)).item() - grads[n].view(-1)[idx].item()))
-    return worst
 
 
 # ----------------------------------------------------------------------------- cases
@@ -428,12 +358,8 @@ def run_case(fname, seed, c, B, T):
     g = torch.Generator().manual_seed(seed)
     P0 = init_params(c, g)
     tokens, labels = make_batch(c, B, T, g)
-    P = {n: t.clone().requires_grad_(True) for n, t in P0.items()}
     capture = []
-    logits = forward(P, c, tokens, capture)
-    loss = loss_fn(logits, labels)
-    loss.backward()
-    grads = {n: t.grad.detach().clone() for n, t in P.items()}
+    logits, loss, grads = common.forward_backward(lambda P, tok: forward(P, c, tok, capture), P0, tokens, labels)
 
     # Both branches of every max must occur, or the golden would not test them.
     note = ""
@@ -453,32 +379,14 @@ def run_case(fname, seed, c, B, T):
             assert err < 1e-10, err
         raw = torch.cat([x[0][:, :, 0].flatten() for x in capture])
         note = f"  input-gate preacts (without recurrence) in [{raw.min():.2f}, {raw.max():.2f}]\n"
-    fd_err = check_fd(P0, c, tokens, labels, grads)
-    assert fd_err < 1e-7, fd_err
-    a_loss, a_norm, a_params, adam_err = adamw_trajectory(P0, c, tokens, labels)
-    assert adam_err < 1e-12, adam_err
-    assert a_loss[0].item() == loss.item()
-
-    t = {"inputs": tokens.to(torch.int64), "labels": labels.to(torch.int64), "logits": logits.detach(),
-         "loss": loss.detach().reshape(()), "adam.loss": a_loss, "adam.grad_norm": a_norm}
-    for n in P0:
-        t["param." + n] = P0[n]
-        t["grad." + n] = grads[n]
-        t["adam.param." + n] = a_params[n]
-    meta = {"config": json.dumps(c, sort_keys=True), "adamw": json.dumps(ADAMW, sort_keys=True),
-            "generator": "tools/golden_xlstm.py"}
-    path = os.path.join(OUT_DIR, fname)
-    write_safetensors(path, t, meta)
-    assert os.path.getsize(path) < 1_000_000, "golden files stay below 1 MB"
-    print(f"{fname}: {len(t)} tensors, {os.path.getsize(path)} bytes, params={sum(x.numel() for x in P0.values())}, "
-          f"supervised={int((labels != -1).sum())}/{labels.numel()}\n  loss={loss.item():.12f}  FD max|diff|={fd_err:.3e}  "
-          f"own AdamW vs torch max|diff|={adam_err:.3e}\n" + note +
-          f"  adam.loss={[round(x, 6) for x in a_loss.tolist()]}")
+    gold = common.Golden(fname, "tools/golden_xlstm.py", c, lambda P, tok: forward(P, c, tok), decays, P0, tokens,
+                         labels, logits, loss, grads)
+    print(f"{gold.summary()}\n  loss={loss.item():.12f}  FD max|diff|={gold.fd_err:.3e}  "
+          f"own AdamW vs torch max|diff|={gold.adam_err:.3e}\n" + note + gold.adam_report())
 
 
 def main():
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)  # fixed reduction order -> same bytes on re-run
+    common.deterministic()
     check_param_counts()
     check_cells()
     check_gradcheck()
