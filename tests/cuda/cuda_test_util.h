@@ -55,4 +55,12 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
                      << ": got " << got[worst] << ", want " << want[worst] << " (max abs error " << max_abs << ")";
 }
 
+// expect_close with the tests' usual bound, scaled to the tensor's magnitude: every element
+// within tol * max(1, max |want|) + tol * |want|.
+inline void near(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
+  double scale = 1.0;
+  for (float x : want) scale = std::max(scale, double(std::fabs(x)));
+  expect_close(got, want, tol * scale, tol, what);
+}
+
 }  // namespace lrnn::testing

@@ -23,17 +23,6 @@ using namespace lrnn::testing;
 
 namespace {
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-void near(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
-  const double scale = std::max(1.0, max_abs(want));
-  expect_close(got, want, tol * scale, tol, what);
-}
-
 // ---- LSTM layer ----
 
 void check_lstm(const ops::LstmDims& d, double tol) {

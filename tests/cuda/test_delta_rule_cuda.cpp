@@ -26,6 +26,7 @@ namespace {
 using lrnn::cuda::Buffer;
 using lrnn::ops::DeltaRuleDims;
 using lrnn::ops::EigenRange;
+using lrnn::testing::near;
 using lrnn::testing::randn;
 using lrnn::testing::randu;
 using lrnn::testing::to_device;
@@ -41,17 +42,6 @@ struct Opts {
   double tol = 1e-4;
   uint64_t seed = 1;
 };
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-void near(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
-  const double scale = std::max(1.0, max_abs(want));
-  lrnn::testing::expect_close(got, want, tol * scale, tol, what);
-}
 
 // All the host-side operands of one case. In fused mode q, k, v and beta live in one row of
 // `width` floats per token (width > packed: padding that nobody may touch), and so do their

@@ -28,18 +28,6 @@ using namespace lrnn::testing;
 
 namespace {
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-void near(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double scale = std::max(1.0, max_abs(want));
-  expect_close(got, want, tol * scale, tol, what);
-}
-
 // ---- LayerNorm ----
 
 void check_layernorm(int N, int C, int G, bool weight, uint64_t seed) {

@@ -37,30 +37,16 @@
 // gate (SiLU(20) = 20 from e_A, o_norm weight 1/20), so those paths carry the same exact state.
 #include <gtest/gtest.h>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <numeric>
-#include <random>
-#include <string>
-#include <vector>
-#include <unistd.h>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
-#include "io/atomic_file.h"
-#include "models/model.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
+#include "tracker_util.h"
 
 using namespace lrnn;
-namespace fs = std::filesystem;
+using namespace lrnn::tracker;
 
 namespace {
 
-constexpr int kSteps = 10000;
 constexpr double kEps = 1e-6;        // norm_eps and the L2 norm's eps
 constexpr double kNegFloor = -0.27;  // most negative SiLU output used (SiLU >= -0.2785)
 constexpr double kBetaLogit = 50.0;  // sigmoid(+-50) is 1 / ~2e-22 in fp32
@@ -202,12 +188,6 @@ struct Tracker {
   std::vector<std::vector<double>> T;  // T[y]: template of class y, [H * r]
   double min_gap = 0;                  // min over y != y' of |T_y - T_y'|^2 / 2
 };
-
-float* param(Model<float>& m, const std::string& name, std::vector<int64_t> shape) {
-  const ParamEntry& e = m.layout().at(name);
-  EXPECT_EQ(e.shape, shape) << name;
-  return m.params.data() + e.offset;
-}
 
 Tracker build(const GroupSpec& g, const Shape& s, bool neg_eigval) {
   const int r = g.r, H = s.H, Dk = s.Dk, nh = s.nh, Dv = r, m = Dk / r;
@@ -363,14 +343,6 @@ Tracker build(const GroupSpec& g, const Shape& s, bool neg_eigval) {
   return t;
 }
 
-int argmax(const float* row, int V) { return int(std::max_element(row, row + V) - row); }
-double gap(const float* row, int V, int target) {
-  double other = -INFINITY;
-  for (int j = 0; j < V; ++j)
-    if (j != target) other = std::max(other, double(row[j]));
-  return double(row[target]) - other;
-}
-
 std::vector<int32_t> prefix_products(const GroupSpec& g, const std::vector<int32_t>& x) {
   std::vector<int32_t> y(x.size());
   int acc = 0;
@@ -395,10 +367,6 @@ std::vector<std::vector<int32_t>> test_words(const GroupSpec& g, uint32_t seed) 
   return {a, b};
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 struct Case {
   const char* name;
   std::function<GroupSpec()> group;
@@ -416,10 +384,7 @@ TEST_P(GroupTracker, TracksPrefixProductsExactlyFor10kSteps) {
   ASSERT_GT(tr.min_gap, 0.02) << "templates too close: the construction cannot separate the classes";
   auto rows = test_words(g, 2024);
   const int B = int(rows.size()), V = g.order + 1;
-  std::vector<int32_t> tok;
-  for (auto& r : rows) tok.insert(tok.end(), r.begin(), r.end());
-  tr.model->forward(tok.data(), nullptr, B, kSteps);
-  const float* lg = tr.model->logits();
+  const float* lg = forward_rows(*tr.model, rows);
   for (int b = 0; b < B; ++b) {
     auto want = prefix_products(g, rows[b]);
     int wrong = 0, first_wrong = -1;
@@ -462,53 +427,19 @@ TEST_P(GroupTracker, CliPredictTracksFor10kTokens) {
   const Case& c = GetParam();
   GroupSpec g = c.group();
   Tracker tr = build(g, c.shape, /*neg_eigval=*/true);
-  fs::path dir = fs::temp_directory_path() / fmt::format("lrnn_grouptracker_{}_{}_{}", ::getpid(), c.name,
-                                                         std::chrono::steady_clock::now().time_since_epoch().count());
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { std::error_code ec; fs::remove_all(d, ec); }
-  } cleanup{dir};
-  YAML::Node root;
-  root["task"]["name"] = "word_problem";
-  root["task"]["group"] = g.name;
-  root["model"] = tr.block;
-  ExperimentConfig cfg = ExperimentConfig::from_yaml(root, "tracker test");
-  io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
-  save_model(dir, *tr.model);
+  TempDir dir(fmt::format("lrnn_grouptracker_{}", c.name));
+  YAML::Node task;
+  task["name"] = "word_problem";
+  task["group"] = g.name;
+  write_run(dir.path, task, tr.block, *tr.model, "tracker test");
 
   auto word = test_words(g, 4242)[0];
-  auto want = prefix_products(g, word);
-  std::string ids;
-  for (auto x : word) ids += (ids.empty() ? "" : " ") + std::to_string(x);
-  std::string cmd = fmt::format("'{}' predict --run '{}' --logits --tokens '{}' 2>'{}'", LRNN_BINARY, dir.string(), ids,
-                                (dir / "stderr.txt").string());
-  FILE* f = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  int status = ::pclose(f);
-  std::string err = fs::exists(dir / "stderr.txt") ? io::read_file(dir / "stderr.txt") : "";
-  ASSERT_EQ(status, 0) << "lrnn predict failed: " << err;
-  nlohmann::json j = nlohmann::json::parse(out);
-  const auto& pos = j.at("positions");
-  ASSERT_EQ(pos.size(), size_t(kSteps));
-  const int V = g.order + 1;
-  int wrong = 0, first_wrong = -1;
-  double lo = INFINITY;
-  for (int t = 0; t < kSteps; ++t) {
-    const auto& p = pos[t];
-    ASSERT_EQ(p.at("token").get<int>(), word[t]);
-    if (p.at("predicted").get<int>() != want[t] && wrong++ == 0) first_wrong = t;
-    auto l = p.at("logits").get<std::vector<float>>();
-    ASSERT_EQ(l.size(), size_t(V));
-    lo = std::min(lo, gap(l.data(), V, want[t]));
-  }
-  EXPECT_EQ(wrong, 0) << "first wrong prediction at position " << first_wrong;
-  EXPECT_GT(lo, 0.0);
-  std::printf("[tracker] cli %s: %d positions, min margin %.4f, %.2f s (with writing the run)\n", c.name, kSteps, lo,
-              seconds_since(t0));
+  Predictions r;
+  ASSERT_NO_FATAL_FAILURE(predict(dir.path, word, prefix_products(g, word), g.order + 1, " --logits", &r));
+  EXPECT_EQ(r.wrong, 0) << "first wrong prediction at position " << r.first_wrong;
+  EXPECT_GT(r.min_margin, 0.0);
+  std::printf("[tracker] cli %s: %d positions, min margin %.4f, %.2f s (with writing the run)\n", c.name, kSteps,
+              r.min_margin, seconds_since(t0));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -33,37 +33,20 @@
 //    logit_2 = 2 g x_C / m. Even: logit_1 = g r_f > logit_2 ~ 0; odd: logit_2 = 2 g r_f >
 //    logit_1 = g r_f. The answer token (parity + 1) wins by g r_f; pad never wins.
 #include <gtest/gtest.h>
-#include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <random>
-#include <string>
-#include <vector>
-#include <unistd.h>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
-#include "io/atomic_file.h"
-#include "models/model.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
+#include "tracker_util.h"
 
 using namespace lrnn;
-namespace fs = std::filesystem;
+using namespace lrnn::tracker;
+using namespace lrnn::tracker::parity;
 
 namespace {
 
-constexpr int kD = 4, kDi = 8, kS = 16, kR = 1, kK = 4, kV = 3;
-constexpr int kA = 0, kB = 1, kC = 2;              // residual directions
-constexpr double kc = 1.0, ka = 1.0, km = 1.0;     // embedding scales and the parity write size
+constexpr int kD = 4, kDi = 8, kS = 16, kR = 1, kK = 4;
 constexpr double kX = 5.0, kBit = 10.0, kZ = 10.0;  // in_proj pre-activations
 constexpr double kDt = 10.0, kDtBias = -50.0;      // dt_pre = kDt xc1 + kDtBias
 constexpr double kWB = 0.01, kWC = 0.2;            // B[0] = kWB xc0, C[0] = kWC xc0
-constexpr double kHeadGain = 4.0;
 constexpr double kEps = 1e-5;                      // layer_norm_epsilon (HF default)
-constexpr int kSteps = 10000;
 
 double silu(double x) { return x / (1 + std::exp(-x)); }
 double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
@@ -81,12 +64,6 @@ YAML::Node model_block(bool neg_eigval) {
   b["layer_norm_epsilon"] = kEps;
   b["allow_neg_eigval"] = neg_eigval;
   return b;
-}
-
-float* param(Model<float>& m, const std::string& name, std::vector<int64_t> shape) {
-  const ParamEntry& e = m.layout().at(name);
-  EXPECT_EQ(e.shape, shape) << name;
-  return m.params.data() + e.offset;
 }
 
 // The decays the construction produces (computed in double from the weights), for the checks.
@@ -110,10 +87,7 @@ std::unique_ptr<Model<float>> make_tracker(bool neg_eigval) {
   std::fill(m->params.begin(), m->params.end(), 0.0f);  // everything not set below is 0
   const std::string p = "backbone.layers.0.", mx = p + "mixer.";
 
-  float* emb = param(*m, "backbone.embeddings.weight", {kV, kD});
-  emb[0 * kD + kA] = float(kc);                                 // pad
-  emb[1 * kD + kA] = float(kc), emb[1 * kD + kB] = float(-ka);  // bit 0
-  emb[2 * kD + kA] = float(kc), emb[2 * kD + kB] = float(ka);   // bit 1
+  set_embeddings(param(*m, "backbone.embeddings.weight", {kV, kD}), kD);
   const double r1 = 1.0 / std::sqrt((kc * kc + ka * ka) / kD + kEps);
   const double xA = kc * r1, xB = ka * r1;
   float* nw = param(*m, p + "norm.weight", {kD});
@@ -145,43 +119,8 @@ std::unique_ptr<Model<float>> make_tracker(bool neg_eigval) {
 
   float* nf = param(*m, "backbone.norm_f.weight", {kD});
   std::fill(nf, nf + kD, 1.0f);
-  float* head = param(*m, "lm_head.weight", {kV, kD});
-  head[0 * kD + kA] = float(-kHeadGain);
-  head[1 * kD + kA] = float(kHeadGain / kc);
-  head[2 * kD + kC] = float(2 * kHeadGain / km);
+  set_head(param(*m, "lm_head.weight", {kV, kD}), kD);
   return m;
-}
-
-std::vector<int32_t> random_bits(uint32_t seed, int n, double p1) {
-  std::mt19937 g(seed);
-  std::bernoulli_distribution one(p1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = one(g) ? 2 : 1;
-  return t;
-}
-
-std::vector<int32_t> prefix_parity(const std::vector<int32_t>& tok) {
-  std::vector<int32_t> out(tok.size());
-  int ones = 0;
-  for (size_t t = 0; t < tok.size(); ++t) out[t] = ((ones += tok[t] == 2) % 2) + 1;
-  return out;
-}
-
-double gap(const float* row, int target) {
-  double best_other = -INFINITY;
-  for (int j = 0; j < kV; ++j)
-    if (j != target) best_other = std::max(best_other, double(row[j]));
-  return double(row[target]) - best_other;
-}
-
-int argmax(const float* row) { return int(std::max_element(row, row + kV) - row); }
-
-std::vector<std::vector<int32_t>> test_rows() {
-  return {random_bits(12345, kSteps, 0.5), random_bits(777, kSteps, 0.9)};
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -201,119 +140,31 @@ TEST(MambaParityTracker, NegativeEigenvaluesTrackParityExactlyFor10kSteps) {
   auto t0 = std::chrono::steady_clock::now();
   auto m = make_tracker(/*neg_eigval=*/true);
   auto rows = test_rows();
-  const int B = int(rows.size()), T = kSteps;
-  std::vector<int32_t> tok;
-  for (auto& r : rows) tok.insert(tok.end(), r.begin(), r.end());
-  m->forward(tok.data(), nullptr, B, T);
-  const float* lg = m->logits();
-
-  const double even_ideal = kHeadGain / std::sqrt((kc * kc + ka * ka) / kD + kEps);
-  const double odd_ideal = kHeadGain / std::sqrt((kc * kc + ka * ka + km * km) / kD + kEps);
-  for (int b = 0; b < B; ++b) {
-    auto want = prefix_parity(rows[b]);
-    int wrong = 0, first_wrong = -1;
-    double lo_start[2] = {INFINITY, INFINITY}, lo_end[2] = {INFINITY, INFINITY};
-    double max_dev = 0;
-    for (int t = 0; t < T; ++t) {
-      const float* row = lg + (size_t(b) * T + t) * kV;
-      if (argmax(row) != want[t] && wrong++ == 0) first_wrong = t;
-      const double g = gap(row, want[t]);
-      const int odd = want[t] == 2;
-      if (t < 1000) lo_start[odd] = std::min(lo_start[odd], g);
-      if (t >= T - 1000) lo_end[odd] = std::min(lo_end[odd], g);
-      max_dev = std::max(max_dev, std::abs(g - (odd ? odd_ideal : even_ideal)));
-    }
-    EXPECT_EQ(wrong, 0) << "row " << b << ": first wrong prediction at position " << first_wrong;
-    for (int odd = 0; odd < 2; ++odd) {
-      SCOPED_TRACE(fmt::format("row {} {} positions", b, odd ? "odd" : "even"));
-      ASSERT_TRUE(std::isfinite(lo_start[odd]) && std::isfinite(lo_end[odd]));
-      EXPECT_GT(lo_start[odd], 0.5 * (odd ? odd_ideal : even_ideal));
-      EXPECT_GT(lo_end[odd], 0.999 * lo_start[odd]);  // no drift over 10,000 steps
-    }
-    // Every margin, at all 10,000 positions, is the ideal one to fp32 precision.
-    EXPECT_LT(max_dev, 1e-4 * odd_ideal) << "row " << b;
-    std::printf("[mamba tracker] row %d: min margin even %.6f -> %.6f, odd %.6f -> %.6f (first/last 1000 steps; "
-                "ideal %.6f / %.6f), max |margin - ideal| %.2e\n",
-                b, lo_start[0], lo_end[0], lo_start[1], lo_end[1], even_ideal, odd_ideal, max_dev);
-  }
-  std::printf("[mamba tracker] build + forward of %dx%d tokens in %.3f s\n", B, T, seconds_since(t0));
+  // No drift over 10,000 steps, and every margin at all positions the ideal one to fp32 precision.
+  check_tracks_parity(forward_rows(*m, rows), rows, even_ideal(kD, kEps), odd_ideal(kD, kEps), /*drift=*/0.999,
+                      /*dev=*/1e-4, "mamba tracker");
+  std::printf("[mamba tracker] build + forward of %dx%d tokens in %.3f s\n", int(rows.size()), kSteps,
+              seconds_since(t0));
 }
 
 TEST(MambaParityTracker, SameWeightsWithEigenvaluesInUnitIntervalFail) {
   auto m = make_tracker(/*neg_eigval=*/false);
-  auto rows = test_rows();
-  const int B = int(rows.size()), T = kSteps;
-  std::vector<int32_t> tok;
-  for (auto& r : rows) tok.insert(tok.end(), r.begin(), r.end());
-  m->forward(tok.data(), nullptr, B, T);
-  const float* lg = m->logits();
-  for (int b = 0; b < B; ++b) {
-    auto want = prefix_parity(rows[b]);
-    int right = 0;
-    for (int t = 0; t < T; ++t) right += argmax(lg + (size_t(b) * T + t) * kV) == want[t];
-    const double acc = double(right) / T;
-    std::printf("[mamba tracker] [0,1] row %d: accuracy %.4f\n", b, acc);
-    EXPECT_LT(acc, 0.75) << "row " << b;
-  }
+  check_fails(*m, "mamba tracker");
 }
 
 // Writes a run directory (config.yaml as `lrnn train` writes it, model.safetensors +
 // config.json) and checks that `lrnn predict` on 10,000 tokens answers the prefix parity everywhere.
 TEST(MambaParityTracker, CliPredictTracksParityFor10kTokens) {
-  auto t0 = std::chrono::steady_clock::now();
-  fs::path dir = fs::temp_directory_path() /
-                 fmt::format("lrnn_mamba_tracker_{}_{}", ::getpid(),
-                             std::chrono::steady_clock::now().time_since_epoch().count());
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { std::error_code ec; fs::remove_all(d, ec); }
-  } cleanup{dir};
-
-  YAML::Node root;
-  root["task"]["name"] = "parity";
-  root["model"] = model_block(/*neg_eigval=*/true);
-  ExperimentConfig cfg = ExperimentConfig::from_yaml(root, "mamba tracker test");
-  io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
-  auto m = make_tracker(/*neg_eigval=*/true);
-  save_model(dir, *m);
-  auto hf = nlohmann::json::parse(io::read_file(dir / "config.json"));
+  TempDir dir("lrnn_mamba_tracker");
+  YAML::Node task;
+  task["name"] = "parity";
+  write_run(dir.path, task, model_block(/*neg_eigval=*/true), *make_tracker(/*neg_eigval=*/true),
+            "mamba tracker test");
+  auto hf = nlohmann::json::parse(io::read_file(dir.path / "config.json"));
   // [-1,1] has no peer class: a custom architecture with its code beside config.json.
   EXPECT_EQ(hf.at("model_type"), "lrnn_mamba");
   EXPECT_EQ(hf.at("allow_neg_eigval"), true);
-  EXPECT_TRUE(fs::exists(dir / "modeling_lrnn_mamba.py"));
-
-  auto tok = random_bits(4242, kSteps, 0.5);
-  auto want = prefix_parity(tok);
-  std::string ids;
-  for (auto x : tok) ids += (ids.empty() ? "" : " ") + std::to_string(x);
-  std::string cmd = fmt::format("'{}' predict --run '{}' --tokens '{}' 2>'{}'", LRNN_BINARY, dir.string(), ids,
-                                (dir / "stderr.txt").string());
-  FILE* f = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  int status = ::pclose(f);
-  std::string err;
-  if (fs::exists(dir / "stderr.txt")) err = io::read_file(dir / "stderr.txt");
-  ASSERT_EQ(status, 0) << "lrnn predict failed: " << err;
-
-  nlohmann::json j = nlohmann::json::parse(out);
-  const auto& pos = j.at("positions");
-  ASSERT_EQ(pos.size(), size_t(kSteps));
-  int wrong = 0, first_wrong = -1;
-  double lo = INFINITY;
-  for (int t = 0; t < kSteps; ++t) {
-    const auto& p = pos[t];
-    ASSERT_EQ(p.at("token").get<int>(), tok[t]);
-    if (p.at("predicted").get<int>() != want[t] && wrong++ == 0) first_wrong = t;
-    auto l = p.at("logits").get<std::vector<float>>();
-    ASSERT_EQ(l.size(), size_t(kV));
-    lo = std::min(lo, gap(l.data(), want[t]));
-  }
-  EXPECT_EQ(wrong, 0) << "first wrong prediction at position " << first_wrong;
-  EXPECT_GT(lo, 1.0);
-  std::printf("[mamba tracker] cli: %d positions, min margin %.6f, %.3f s (with writing the run)\n", kSteps, lo,
-              seconds_since(t0));
+  EXPECT_TRUE(fs::exists(dir.path / "modeling_lrnn_mamba.py"));
+  Predictions r;
+  check_cli_tracks_parity(dir.path, "mamba tracker", &r);
 }

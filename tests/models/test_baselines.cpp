@@ -2,76 +2,22 @@
 // whole-model finite-difference gradient checks in double, causality, config errors.
 #include <gtest/gtest.h>
 #include <cmath>
-#include "core/rng.h"
+#include "model_test_util.h"
 #include "models/model.h"
 
 using namespace lrnn;
+using namespace lrnn::test;
 
 namespace {
 
 std::unique_ptr<Model<double>> tiny(const std::string& block, uint64_t seed = 3, double jitter = 0.2) {
-  auto m = create_model<double>(YAML::Load(block), "test", seed);
-  // Norm weights away from 1, larger projections: every path carries signal.
-  Rng r{seed, 9};
-  for (size_t i = 0; i < m->params.size(); ++i) m->params[i] += jitter * r.normal(i);
-  return m;
+  return jittered(YAML::Load(block), seed, jitter);  // norm weights away from 1, larger projections
 }
 
 const char* kTinyLlama =
     "{model_type: llama, vocab_size: 5, hidden_size: 8, num_hidden_layers: 2, num_attention_heads: 2,"
     " intermediate_size: 12, initializer_range: 0.5, rope_theta: 50.0}";
 const char* kTinyLstm = "{model_type: lstm, vocab_size: 5, embedding_dim: 3, hidden_size: 4, num_layers: 2}";
-
-void whole_model_gradcheck(Model<double>& m, int B, int T, double tol) {
-  const int V = m.vocab_size();
-  std::vector<int32_t> tok(B * T), lab(B * T);
-  Rng r{5, 1};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.below(i, V));
-    lab[i] = (i % 3 == 1) ? -1 : int32_t(r.below(i + 100, V));
-  }
-  std::fill(m.grads.begin(), m.grads.end(), 0.0);
-  m.forward(tok.data(), lab.data(), B, T);
-  m.backward();
-  std::vector<double> g = m.grads;
-  double worst = 0;
-  std::string worst_name;
-  for (auto& e : m.layout().entries()) {
-    for (size_t i = 0; i < e.numel; i += std::max<size_t>(1, e.numel / 6)) {
-      double& p = m.params[e.offset + i];
-      double p0 = p, h = 1e-5;
-      p = p0 + h;
-      double lp = m.forward(tok.data(), lab.data(), B, T);
-      p = p0 - h;
-      double lm = m.forward(tok.data(), lab.data(), B, T);
-      p = p0;
-      double num = (lp - lm) / (2 * h);
-      double err = std::abs(num - g[e.offset + i]) / std::max(1e-2, std::abs(num));
-      if (err > worst) worst = err, worst_name = e.name + "[" + std::to_string(i) + "]";
-    }
-  }
-  EXPECT_LT(worst, tol) << "worst at " << worst_name;
-}
-
-// Changing the token at position 4 of sequence 0 leaves logits before 4, and sequence 1, unchanged.
-void check_causal(Model<double>& m) {
-  const int B = 2, T = 8, V = m.vocab_size();
-  std::vector<int32_t> tok{1, 2, 3, 4, 0, 1, 2, 3, 4, 4, 4, 1, 2, 0, 0, 1};
-  m.forward(tok.data(), nullptr, B, T);
-  std::vector<double> before(m.logits(), m.logits() + B * T * V);
-  tok[4] = 3;
-  m.forward(tok.data(), nullptr, B, T);
-  for (int t = 0; t < T; ++t)
-    for (int v = 0; v < V; ++v) {
-      if (t < 4) {
-        EXPECT_EQ(before[t * V + v], m.logits()[t * V + v]) << t;
-      }
-      EXPECT_EQ(before[(T + t) * V + v], m.logits()[(T + t) * V + v]) << t;
-    }
-  double changed = 0;
-  for (int v = 0; v < V; ++v) changed += std::abs(before[4 * V + v] - m.logits()[4 * V + v]);
-  EXPECT_GT(changed, 1e-6);
-}
 
 }  // namespace
 
@@ -99,12 +45,7 @@ TEST(Llama, HfNamesShapesAndCountOfP1Model) {
 
 TEST(Llama, InitFollowsHf) {
   auto m = create_model<float>(YAML::Load("{model_type: llama, vocab_size: 3, hidden_size: 128, num_attention_heads: 4}"), "test", 7);
-  auto rms = [&](const std::string& name) {
-    auto& e = m->layout().at(name);
-    double s = 0;
-    for (size_t i = 0; i < e.numel; ++i) s += double(m->params[e.offset + i]) * m->params[e.offset + i];
-    return std::sqrt(s / double(e.numel));
-  };
+  auto rms = [&](const std::string& name) { return stats(*m, name).rms; };
   EXPECT_NEAR(rms("model.layers.0.self_attn.q_proj.weight"), 0.02, 0.001);
   EXPECT_NEAR(rms("model.layers.1.mlp.down_proj.weight"), 0.02, 0.001);  // HF: no depth scaling
   EXPECT_NEAR(rms("model.embed_tokens.weight"), 0.02, 0.003);
@@ -162,14 +103,9 @@ TEST(Lstm, TorchNamesShapesAndCount) {
 TEST(Lstm, InitFollowsTorchDefaults) {
   auto m = create_model<float>(YAML::Load("{model_type: lstm, vocab_size: 3, hidden_size: 64, num_layers: 1}"), "test", 1);
   for (const char* n : {"lstm.weight_hh_l0", "lstm.bias_ih_l0", "head.weight"}) {
-    auto& e = m->layout().at(n);
-    double mx = 0, s = 0;
-    for (size_t i = 0; i < e.numel; ++i) {
-      mx = std::max(mx, std::abs(double(m->params[e.offset + i])));
-      s += double(m->params[e.offset + i]) * m->params[e.offset + i];
-    }
-    EXPECT_LE(mx, 0.125) << n;                                  // U(-1/sqrt(H), 1/sqrt(H)), H = 64
-    EXPECT_NEAR(std::sqrt(s / double(e.numel)), 0.125 / std::sqrt(3.0), 0.012) << n;
+    const Stats s = stats(*m, n);
+    EXPECT_LE(s.max_abs, 0.125) << n;  // U(-1/sqrt(H), 1/sqrt(H)), H = 64
+    EXPECT_NEAR(s.rms, 0.125 / std::sqrt(3.0), 0.012) << n;
   }
 }
 

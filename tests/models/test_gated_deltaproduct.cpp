@@ -4,57 +4,19 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include "core/rng.h"
+#include "model_test_util.h"
 #include "models/deltanet.h"
 #include "models/gated_deltaproduct.h"
 
 using namespace lrnn;
+using namespace lrnn::test;
 
 namespace {
 
 std::unique_ptr<Model<double>> tiny(const std::string& type, const std::string& extra, uint64_t seed = 3) {
   auto block = YAML::Load("{model_type: " + type + ", vocab_size: 5, hidden_size: 8, num_hidden_layers: 2,"
                           " num_heads: 2, head_dim: 3, intermediate_size: 12, initializer_range: 0.5" + extra + "}");
-  auto m = create_model<double>(block, "test", seed);
-  // Norm weights away from 1 and larger projections, so every path carries signal.
-  Rng r{seed, 9};
-  for (size_t i = 0; i < m->params.size(); ++i) m->params[i] += 0.2 * r.normal(i);
-  return m;
-}
-
-// Worst relative error of the analytic gradient against finite differences, over ~7 entries of
-// every parameter tensor.
-double whole_model_gradcheck(Model<double>& m, std::string* where) {
-  const int B = 2, T = 7;
-  std::vector<int32_t> tok(B * T), lab(B * T);
-  Rng r{5, 1};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.below(i, 5));
-    lab[i] = (i % 3 == 1) ? -1 : int32_t(r.below(i + 100, 5));
-  }
-  std::fill(m.grads.begin(), m.grads.end(), 0.0);
-  m.forward(tok.data(), lab.data(), B, T);
-  m.backward();
-  std::vector<double> g = m.grads;
-  double worst = 0;
-  for (auto& e : m.layout().entries()) {
-    for (size_t i = 0; i < e.numel; i += std::max<size_t>(1, e.numel / 6)) {
-      // Fourth-order central differences: the forget gate's exp(A_log) gives large higher
-      // derivatives, which the plain 2-point stencil would mistake for gradient errors.
-      double& p = m.params[e.offset + i];
-      const double p0 = p, h = 1e-4;
-      auto at = [&](double x) {
-        p = x;
-        return m.forward(tok.data(), lab.data(), B, T);
-      };
-      double num = (8 * (at(p0 + h) - at(p0 - h)) - (at(p0 + 2 * h) - at(p0 - 2 * h))) / (12 * h);
-      p = p0;
-      double err = std::abs(num - g[e.offset + i]) / std::max(1e-2, std::abs(num));
-      if (err > worst)
-        worst = err, *where = e.name + "[" + std::to_string(i) + "]: analytic " + std::to_string(g[e.offset + i]) +
-                              " numeric " + std::to_string(num);
-    }
-  }
-  return worst;
+  return jittered(block, seed, 0.2);  // norm weights away from 1 and larger projections
 }
 
 }  // namespace
@@ -175,8 +137,10 @@ class WholeModelGrad : public ::testing::TestWithParam<GradCaseParam> {};
 
 TEST_P(WholeModelGrad, MatchesFiniteDifferences) {
   auto m = tiny(GetParam().type, GetParam().extra);
+  // Fourth-order central differences: the forget gate's exp(A_log) gives large higher
+  // derivatives, which the plain 2-point stencil would mistake for gradient errors.
   std::string where;
-  double worst = whole_model_gradcheck(*m, &where);
+  double worst = whole_model_fd_error(*m, 2, 7, &where, /*fourth_order=*/true);
   EXPECT_LT(worst, 1e-5) << "worst at " << where;
 }
 
@@ -195,23 +159,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(GatedDeltaProduct, CausalAndBatchIndependent) {
-  auto m = tiny("gated_deltaproduct", ", num_householder: 2, use_forget_gate: true, allow_neg_eigval: true");
-  const int B = 2, T = 8, V = 5;
-  std::vector<int32_t> tok{1, 2, 3, 4, 0, 1, 2, 3, 4, 4, 4, 1, 2, 0, 0, 1};
-  m->forward(tok.data(), nullptr, B, T);
-  std::vector<double> before(m->logits(), m->logits() + B * T * V);
-  tok[4] = 3;
-  m->forward(tok.data(), nullptr, B, T);
-  double changed = 0;
-  for (int t = 0; t < T; ++t)
-    for (int v = 0; v < V; ++v) {
-      if (t < 4) {
-        EXPECT_EQ(before[t * V + v], m->logits()[t * V + v]) << t;
-      }
-      EXPECT_EQ(before[(T + t) * V + v], m->logits()[(T + t) * V + v]);
-      if (t == 4) changed += std::abs(before[t * V + v] - m->logits()[t * V + v]);
-    }
-  EXPECT_GT(changed, 1e-6);
+  check_causal(*tiny("gated_deltaproduct", ", num_householder: 2, use_forget_gate: true, allow_neg_eigval: true"));
 }
 
 // With one sub-step, no gates and head_dim = hidden_size / num_heads, DeltaProduct is DeltaNet:

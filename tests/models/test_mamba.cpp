@@ -2,11 +2,12 @@
 // double (both eigenvalue ranges), causality, config errors.
 #include <gtest/gtest.h>
 #include <cmath>
-#include "core/rng.h"
+#include "model_test_util.h"
 #include "models/mamba.h"
 #include "ops/selective_scan/selective_scan.h"
 
 using namespace lrnn;
+using namespace lrnn::test;
 
 namespace {
 
@@ -18,11 +19,7 @@ YAML::Node p1_block() {
 std::unique_ptr<Model<double>> tiny(const std::string& extra, uint64_t seed = 3) {
   auto block = YAML::Load("{model_type: mamba, vocab_size: 5, hidden_size: 8, state_size: 4, num_hidden_layers: 2,"
                           " expand: 2, conv_kernel: 3, time_step_rank: 2, initializer_range: 0.5" + extra + "}");
-  auto m = create_model<double>(block, "test", seed);
-  // Norm weights, D, biases away from their init values, so every path carries signal.
-  Rng r{seed, 9};
-  for (size_t i = 0; i < m->params.size(); ++i) m->params[i] += 0.2 * r.normal(i);
-  return m;
+  return jittered(block, seed, 0.2);  // norm weights, D, biases away from their init values
 }
 
 }  // namespace
@@ -81,79 +78,21 @@ TEST(Mamba, InitFollowsHF) {
   EXPECT_LE(hi, 0.1 * 1.0001);
   EXPECT_LT(lo, 0.002);  // log-uniform over [0.001, 0.1]: both ends are reached
   EXPECT_GT(hi, 0.07);
-  auto stats = [&](const std::string& name) {
-    auto& e = m->layout().at(name);
-    double s = 0, mx = 0;
-    for (size_t i = 0; i < e.numel; ++i) {
-      double x = m->params[e.offset + i];
-      s += x * x;
-      mx = std::max(mx, std::abs(x));
-    }
-    return std::pair{std::sqrt(s / e.numel), mx};
-  };
-  EXPECT_NEAR(stats("backbone.layers.0.mixer.in_proj.weight").first, 0.1, 0.003);
-  auto [dts, dtmax] = stats("backbone.layers.0.mixer.dt_proj.weight");  // U(±8^-1/2)
-  EXPECT_LE(dtmax, 1 / std::sqrt(8.0));
-  EXPECT_NEAR(dts, 1 / std::sqrt(8.0) / std::sqrt(3.0), 0.01);
-  EXPECT_LE(stats("backbone.layers.0.mixer.conv1d.weight").second, 0.5);
-  EXPECT_LE(stats("backbone.layers.0.mixer.out_proj.weight").second, 1 / 16.0);
-  EXPECT_EQ(stats("backbone.layers.0.mixer.conv1d.bias").second, 0.0);
+  EXPECT_NEAR(stats(*m, "backbone.layers.0.mixer.in_proj.weight").rms, 0.1, 0.003);
+  const Stats dt = stats(*m, "backbone.layers.0.mixer.dt_proj.weight");  // U(±8^-1/2)
+  EXPECT_LE(dt.max_abs, 1 / std::sqrt(8.0));
+  EXPECT_NEAR(dt.rms, 1 / std::sqrt(8.0) / std::sqrt(3.0), 0.01);
+  EXPECT_LE(stats(*m, "backbone.layers.0.mixer.conv1d.weight").max_abs, 0.5);
+  EXPECT_LE(stats(*m, "backbone.layers.0.mixer.out_proj.weight").max_abs, 1 / 16.0);
+  EXPECT_EQ(stats(*m, "backbone.layers.0.mixer.conv1d.bias").max_abs, 0.0);
 }
 
-static void whole_model_gradcheck(const std::string& extra) {
-  auto m = tiny(extra);
-  const int B = 2, T = 7;
-  std::vector<int32_t> tok(B * T), lab(B * T);
-  Rng r{5, 1};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.below(i, 5));
-    lab[i] = (i % 3 == 1) ? -1 : int32_t(r.below(i + 100, 5));
-  }
-  std::fill(m->grads.begin(), m->grads.end(), 0.0);
-  m->forward(tok.data(), lab.data(), B, T);
-  m->backward();
-  std::vector<double> g = m->grads;
-  double worst = 0;
-  std::string worst_name;
-  for (auto& e : m->layout().entries()) {
-    for (size_t i = 0; i < e.numel; i += std::max<size_t>(1, e.numel / 6)) {
-      double& p = m->params[e.offset + i];
-      double p0 = p, h = 1e-5;
-      p = p0 + h;
-      double lp = m->forward(tok.data(), lab.data(), B, T);
-      p = p0 - h;
-      double lm = m->forward(tok.data(), lab.data(), B, T);
-      p = p0;
-      double num = (lp - lm) / (2 * h);
-      double err = std::abs(num - g[e.offset + i]) / std::max(1e-2, std::abs(num));
-      if (err > worst) worst = err, worst_name = e.name + "[" + std::to_string(i) + "]";
-    }
-  }
-  EXPECT_LT(worst, 1e-5) << "worst at " << worst_name;
+TEST(Mamba, WholeModelGradientSigned) { whole_model_gradcheck(*tiny(", allow_neg_eigval: true")); }
+TEST(Mamba, WholeModelGradientUnitWithBiases) {
+  whole_model_gradcheck(*tiny(", use_bias: true, use_conv_bias: false"));
 }
 
-TEST(Mamba, WholeModelGradientSigned) { whole_model_gradcheck(", allow_neg_eigval: true"); }
-TEST(Mamba, WholeModelGradientUnitWithBiases) { whole_model_gradcheck(", use_bias: true, use_conv_bias: false"); }
-
-TEST(Mamba, CausalAndBatchIndependent) {
-  auto m = tiny(", allow_neg_eigval: true");
-  const int B = 2, T = 8, V = 5;
-  std::vector<int32_t> tok{1, 2, 3, 4, 0, 1, 2, 3, 4, 4, 4, 1, 2, 0, 0, 1};
-  m->forward(tok.data(), nullptr, B, T);
-  std::vector<double> before(m->logits(), m->logits() + B * T * V);
-  tok[4] = 3;
-  m->forward(tok.data(), nullptr, B, T);
-  for (int t = 0; t < T; ++t)
-    for (int v = 0; v < V; ++v) {
-      if (t < 4) {
-        EXPECT_EQ(before[t * V + v], m->logits()[t * V + v]) << t;
-      }
-      EXPECT_EQ(before[(T + t) * V + v], m->logits()[(T + t) * V + v]);
-    }
-  double changed = 0;
-  for (int v = 0; v < V; ++v) changed += std::abs(before[4 * V + v] - m->logits()[4 * V + v]);
-  EXPECT_GT(changed, 1e-6);
-}
+TEST(Mamba, CausalAndBatchIndependent) { check_causal(*tiny(", allow_neg_eigval: true")); }
 
 TEST(Mamba, RejectsBadConfig) {
   EXPECT_THROW(create_model<float>(YAML::Load("{model_type: mamba, state_sise: 4}"), "x", 0), UserError);
