@@ -109,15 +109,6 @@ DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) {
   for (auto [ia, idt] : gate_entries) init_forget_gate(lay, ia, idt, this->params.data(), seed);
 }
 
-template <class T>
-double DeltaLM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const size_t N = size_t(B) * T_;
-  tokens_.assign(tokens, tokens + N);
-  if (labels) labels_.assign(labels, labels + N);
-  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
-}
-
 ops::DeltaRuleDims DeltaLMLayout::dims(int B, int T_) const {
   ops::DeltaRuleDims d;
   d.B = B; d.T = T_; d.H = spec.num_heads; d.Dk = spec.head_k_dim; d.Dv = spec.head_v_dim;
@@ -134,19 +125,17 @@ ops::DeltaRuleDims DeltaLMLayout::dims(int B, int T_) const {
 template <class T, class Ops>
 template <class Alloc>
 void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
+  mixed_ = Ops::bf16_mlp();
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const size_t N = size_t(B) * T_, C = s.hidden_size, H = s.num_heads, I = s.intermediate_size;
   const size_t V = s.vocab_size, n = s.num_householder, Vd = c.Vd;
-  auto get_as = [&](auto tag, size_t m) {
-    using E = decltype(tag);
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<E>(m); return static_cast<E*>(nullptr); }
-    else return m ? a.template alloc<E>(m) : static_cast<E*>(nullptr);
-  };
+  // Buffers of size 0 (the fp32 or the bf16 MLP tensors, per precision) are null.
+  auto get_as = [&](auto tag, size_t m) { return m ? take<decltype(tag)>(a, m) : nullptr; };
   auto get = [&](size_t m) { return get_as(T{}, m); };
   const size_t mx = mixed_ ? 1 : 0;  // fp32 MLP tensors, or their bf16 counterparts
-  acts_.layers.resize(s.num_hidden_layers);
-  for (auto& l : acts_.layers) {
+  layers_.resize(s.num_hidden_layers);
+  for (auto& l : layers_) {
     l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
     l.proj = get(N * c.W); l.qkvc = get(N * c.Wc()); l.qkn = get(N * c.Wqk()); l.rqk = get(N * (1 + n) * H);
     l.lg = s.use_forget_gate ? get(N * H) : nullptr;
@@ -158,8 +147,7 @@ void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
     l.wdh = l.wguh ? l.wguh + 2 * I * C : nullptr;
     l.ckpt = train ? get(ops::delta_rule_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
-  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
-  acts_.loss = get(1);
+  head_.carve(a, N, C, V, /*layer_norm=*/false);
 }
 
 template <class T, class Ops>
@@ -168,11 +156,7 @@ void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const size_t N = size_t(B) * T_, NC = N * s.hidden_size, NV = N * c.Vd, I = s.intermediate_size;
-  auto get_as = [&](auto tag, size_t m) {
-    using E = decltype(tag);
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<E>(m); return static_cast<E*>(nullptr); }
-    else return m ? a.template alloc<E>(m) : static_cast<E*>(nullptr);
-  };
+  auto get_as = [&](auto tag, size_t m) { return m ? take<decltype(tag)>(a, m) : nullptr; };
   auto get = [&](size_t m) { return get_as(T{}, m); };
   const size_t mx = mixed_ ? 1 : 0;
   g_.dh = get(NC); g_.dx = get(NC); g_.d1 = get(NV); g_.d2 = get(NV);
@@ -183,44 +167,19 @@ void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
 }
 
 template <class T, class Ops>
-void DeltaLMCore<T, Ops>::reserve(int B, int T_, bool train) {
-  mixed_ = Ops::bf16_mlp();
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  if (train) {
-    ArenaPlan gp;
-    carve_grads(gp, B, T_);
-    grad_arena_.reserve(gp.bytes);
-  }
-}
-
-template <class T, class Ops>
 double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  this->begin_forward(tokens, labels, B, T_);
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const int N = B * T_, C = s.hidden_size, H = s.num_heads, Dv = s.head_v_dim;
   const int I = s.intermediate_size, V = s.vocab_size, K = s.use_short_conv ? s.conv_size : 0;
   const int Dk = s.head_k_dim;
   const double eps = s.norm_eps;
-  const bool train = labels != nullptr;
-  mixed_ = Ops::bf16_mlp();
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  arena_.reset();
-  carve(arena_, B, T_, train);
-  Bc_ = B;
-  Tc_ = T_;
-  tokens_ = tokens;
-  labels_ = labels;
-  trained_ = train;
   const ops::DeltaRuleDims dd = net_.dims(B, T_);
 
-  Ops::embedding_forward(acts_.layers[0].h, tokens, P + net_.emb, N, C, V);
+  Ops::embedding_forward(layers_[0].h, tokens, P + net_.emb, N, C, V);
   for (size_t li = 0; li < net_.layers.size(); ++li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
     Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
     Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
@@ -235,18 +194,15 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     else
       Ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
     Ops::linear_forward_residual(a.hmid, a.on, P + w.o_proj, a.h, N, c.Vd, C);  // hmid = h + o_proj(on)
-    T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
+    T* next = li + 1 < net_.layers.size() ? layers_[li + 1].h : head_.hout;
     mlp_forward(P, li, next, N, C, I, eps);
   }
-  Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
-  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
-  if (!labels) return 0.0;
-  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+  return head_.forward(P, net_.norm, net_.head, labels, N, C, V, eps);
 }
 
 template <class T, class Ops>
 void DeltaLMCore<T, Ops>::mlp_forward(const T* P, size_t li, T* next, int N, int C, int I, double eps) {
-  auto& a = acts_.layers[li];
+  auto& a = layers_[li];
   auto& w = net_.layers[li];
   if constexpr (Ops::kDevice) {
     if (mixed_) {  // the same in bf16 storage; next (the residual stream) stays fp32
@@ -277,7 +233,7 @@ void DeltaLMCore<T, Ops>::mlp_forward(const T* P, size_t li, T* next, int N, int
 // layer's mixer writes it.
 template <class T, class Ops>
 void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C, int I) {
-  auto& a = acts_.layers[li];
+  auto& a = layers_[li];
   auto& w = net_.layers[li];
   Grads& g = g_;
   // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
@@ -302,30 +258,20 @@ void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C
 
 template <class T, class Ops>
 void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
-  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  this->begin_backward();
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const int B = Bc_, T_ = Tc_, N = B * T_, C = s.hidden_size, H = s.num_heads, Dk = s.head_k_dim;
   const int Dv = s.head_v_dim, n = s.num_householder, I = s.intermediate_size, V = s.vocab_size;
   const int K = s.use_short_conv ? s.conv_size : 0;
   const ops::DeltaRuleDims dd = net_.dims(B, T_);
-  ArenaPlan plan;
-  carve_grads(plan, B, T_);
-  grad_arena_.reserve(plan.bytes);
-  grad_arena_.reset();
-  carve_grads(grad_arena_, B, T_);
   Grads& g = g_;
-
-  Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
-  // false) rather than zeroed and accumulated into: the same result, without the memset.
-  Ops::linear_backward(g.dx, nullptr, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
-  Ops::side([&] { Ops::linear_backward(nullptr, G + net_.head, nullptr, g.dlogits, acts_.xf, nullptr, N, C, V); });
-  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C, false);  // dh: first
+  // dh: written first here. The head's weight gradient runs as side work (see above).
+  head_.backward(P, G, net_.norm, net_.head, labels_, g.dlogits, g.dx, g.dh, N, C, V, /*side_dW=*/true);
 
   int proj_ticket = -1;  // the last layer's q|k|v|b|a|g weight gradient (reads dproj)
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
     mlp_backward(P, G, size_t(li), N, C, I);
     Ops::rmsnorm_backward(g.dh, G + w.mlp_norm, g.dx, a.hmid, P + w.mlp_norm, a.rstd2, N, C);
@@ -364,10 +310,6 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
 
 template class DeltaLM<float>;
 template class DeltaLM<double>;
-template class DeltaLMCore<float, CpuOps<float>>;
-template class DeltaLMCore<double, CpuOps<double>>;
-#ifdef LRNN_WITH_CUDA
-template class DeltaLMCore<float, CudaOps>;
-#endif
+LRNN_INSTANTIATE_CORE(DeltaLMCore)
 
 }  // namespace lrnn

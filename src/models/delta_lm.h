@@ -19,8 +19,7 @@
 // short convs are one depthwise conv over the q|k|v part likewise.
 #pragma once
 #include "core/dtype.h"  // bf16 storage (the CUDA backend's mixed precision)
-#include "models/backend.h"
-#include "models/model.h"
+#include "models/core_frame.h"
 #include "ops/delta_rule/delta_rule.h"
 
 namespace lrnn {
@@ -64,27 +63,19 @@ struct DeltaLMLayout {
 };
 
 // The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
-// parameter and gradient buffers in that backend's memory. Activations live in an arena sized
-// per (batch, length); gradient buffers in a second arena kept between steps.
+// parameter and gradient buffers in that backend's memory (the frame: models/core_frame.h).
 template <class T, class Ops>
-class DeltaLMCore {
+class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
  public:
   explicit DeltaLMCore(const DeltaLMLayout& net) : net_(net) {}
-  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
-  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
-  // device it stays in loss() and NaN is returned.
+  // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
-  // Accumulates the gradients of the last forward (which had labels) into G.
   void backward(const T* P, T* G);
-  // Sizes both arenas for a (B, T) step without running it (so later steps of at most that size
-  // allocate nothing: what a captured CUDA graph needs).
-  void reserve(int B, int T_, bool train);
-  const T* logits() const { return acts_.logits; }
-  const T* loss() const { return acts_.loss; }
-  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
-  int generation() const { return arena_.generation() + grad_arena_.generation(); }
 
  private:
+  using Frame = CoreFrame<DeltaLMCore, T, Ops>;
+  friend Frame;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* proj;  // [N, W]    q|k|v pre-conv, beta logits, forget-gate logits, output gate
@@ -101,14 +92,11 @@ class DeltaLMCore {
     // fp32 ones are then null), and bf16 copies of its two weights, made at each forward.
     bf16 *x2h, *guh, *acth, *wguh, *wdh;
   };
-  struct Acts {
-    std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits, *loss;
-  };
   struct Grads {
     T *dh, *dx, *d1, *d2, *dproj, *dqkvc, *dqkn, *dlg, *dgu, *dact, *dlogits;
     bf16 *dhh, *dguh, *dacth;  // mixed precision: dh's bf16 copy, and dgu, dact in bf16 instead
   };
+  // (Every activation carve decides the MLP's precision for the step: mixed_ = Ops::bf16_mlp().)
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
   template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
   // The MLP of layer li: x2 = mlp_norm(hmid); next = hmid + down(swiglu(gate|up(x2))); and its
@@ -117,32 +105,22 @@ class DeltaLMCore {
   void mlp_backward(const T* P, T* G, size_t li, int N, int C, int I);
 
   const DeltaLMLayout& net_;
-  typename Ops::Arena arena_, grad_arena_;
-  Acts acts_{};
+  std::vector<LayerActs> layers_;
   Grads g_{};
-  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
-  int Bc_ = 0, Tc_ = 0;  // shape of the last forward
-  bool trained_ = false;   // the last forward kept what backward needs
-  bool mixed_ = false;     // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
+  bool mixed_ = false;  // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
 };
 
 template <class T>
-class DeltaLM : public Model<T> {
+class DeltaLM : public CoreModel<T, DeltaLMLayout, DeltaLMCore> {
  public:
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
-  const T* logits() const override { return core_.logits(); }
   int vocab_size() const override { return net_.spec.vocab_size; }
   const DeltaLMSpec& spec() const { return net_.spec; }
-  const DeltaLMLayout& net() const { return net_; }
 
  protected:
   DeltaLM(const DeltaLMSpec& spec, uint64_t seed);
 
  private:
-  DeltaLMLayout net_;
-  DeltaLMCore<T, CpuOps<T>> core_{net_};
-  std::vector<int32_t> tokens_, labels_;
+  using CoreModel<T, DeltaLMLayout, DeltaLMCore>::net_;
 };
 
 }  // namespace lrnn

@@ -81,12 +81,7 @@ nlohmann::json DeltaNet<T>::hf_config() const {
 }
 
 template <class T>
-YAML::Node DeltaNet<T>::resolved_config() const {
-  DeltaNetConfig c = cfg_;
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
+YAML::Node DeltaNet<T>::resolved_config() const { return resolved_block(cfg_); }
 
 template class DeltaNet<float>;
 template class DeltaNet<double>;

@@ -86,13 +86,6 @@ nlohmann::json common_hf(const C& c) {
           {"vocab_size", c.vocab_size}};
 }
 
-template <class C>
-YAML::Node dump(C c) {
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
-
 }  // namespace
 
 void GatedDeltaProductConfig::describe(io::Schema& s) {
@@ -144,7 +137,7 @@ nlohmann::json GatedDeltaProduct<T>::hf_config() const {
 }
 
 template <class T>
-YAML::Node GatedDeltaProduct<T>::resolved_config() const { return dump(cfg_); }
+YAML::Node GatedDeltaProduct<T>::resolved_config() const { return resolved_block(cfg_); }
 
 template <class T>
 nlohmann::json GatedDeltaNet<T>::hf_config() const {
@@ -158,7 +151,7 @@ nlohmann::json GatedDeltaNet<T>::hf_config() const {
 }
 
 template <class T>
-YAML::Node GatedDeltaNet<T>::resolved_config() const { return dump(cfg_); }
+YAML::Node GatedDeltaNet<T>::resolved_config() const { return resolved_block(cfg_); }
 
 template class GatedDeltaProduct<float>;
 template class GatedDeltaProduct<double>;

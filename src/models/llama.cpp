@@ -80,34 +80,21 @@ ops::AttentionDims attn_dims(const LlamaConfig& c, int B, int T_) {
 }
 }  // namespace
 
-template <class T>
-double Llama<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const size_t N = size_t(B) * T_;
-  tokens_.assign(tokens, tokens + N);
-  if (labels) labels_.assign(labels, labels + N);
-  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
-}
-
 template <class T, class Ops>
 template <class Alloc>
-void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_) {
+void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool /*train: every activation is kept*/) {
   const LlamaConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, C = cfg.hidden_size, H = cfg.num_attention_heads, I = cfg.mlp_size();
   const size_t V = cfg.vocab_size;
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
-  acts_.layers.resize(cfg.num_hidden_layers);
-  for (auto& l : acts_.layers) {
+  auto get = [&](size_t n) { return take<T>(a, n); };
+  layers_.resize(cfg.num_hidden_layers);
+  for (auto& l : layers_) {
     l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
     l.qkv = get(N * 3 * C); l.qk = get(N * 2 * C); l.lse = get(N * H); l.att = get(N * C);
     l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
     l.gu = get(N * 2 * I); l.act = get(N * I);
   }
-  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
-  acts_.loss = get(1);
+  head_.carve(a, N, C, V, /*layer_norm=*/false);
 }
 
 template <class T, class Ops>
@@ -115,48 +102,23 @@ template <class Alloc>
 void LlamaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const LlamaConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, NC = N * cfg.hidden_size, I = cfg.mlp_size();
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
+  auto get = [&](size_t n) { return take<T>(a, n); };
   g_.dh = get(NC); g_.dx = get(NC); g_.datt = get(NC); g_.dqkv = get(NC * 3); g_.dqk = get(NC * 2);
   g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(N * cfg.vocab_size);
 }
 
 template <class T, class Ops>
-void LlamaCore<T, Ops>::reserve(int B, int T_, bool train) {
-  ArenaPlan plan;
-  carve(plan, B, T_);
-  arena_.reserve(plan.bytes);
-  if (train) {
-    ArenaPlan gp;
-    carve_grads(gp, B, T_);
-    grad_arena_.reserve(gp.bytes);
-  }
-}
-
-template <class T, class Ops>
 double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  this->begin_forward(tokens, labels, B, T_);
   const LlamaConfig& cfg = net_.cfg;
   const int N = B * T_, C = cfg.hidden_size, I = cfg.mlp_size(), V = cfg.vocab_size;
   const double eps = cfg.rms_norm_eps;
-  ArenaPlan plan;
-  carve(plan, B, T_);
-  arena_.reserve(plan.bytes);
-  arena_.reset();
-  carve(arena_, B, T_);
-  Bc_ = B;
-  Tc_ = T_;
-  tokens_ = tokens;
-  labels_ = labels;
-  trained_ = labels != nullptr;
   const auto rd = rope_dims(cfg, B, T_);
   const auto ad = attn_dims(cfg, B, T_);
 
-  Ops::embedding_forward(acts_.layers[0].h, tokens, P + net_.emb, N, C, V);
+  Ops::embedding_forward(layers_[0].h, tokens, P + net_.emb, N, C, V);
   for (size_t li = 0; li < net_.layers.size(); ++li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
     Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.input_norm, N, C, eps);
     Ops::linear_forward(a.qkv, a.x1, P + w.q_proj, nullptr, N, C, 3 * C);  // q|k|v
@@ -166,40 +128,25 @@ double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32
     Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.post_norm, N, C, eps);
     Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up
     Ops::swiglu_forward(a.act, a.gu, a.gu + I, N, I, 2 * I);
-    T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
+    T* next = li + 1 < net_.layers.size() ? layers_[li + 1].h : head_.hout;
     Ops::linear_forward_residual(next, a.act, P + w.down_proj, a.hmid, N, I, C);
   }
-  Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
-  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
-  if (!labels) return 0.0;
-  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+  return head_.forward(P, net_.norm, net_.head, labels, N, C, V, eps);
 }
 
 template <class T, class Ops>
 void LlamaCore<T, Ops>::backward(const T* P, T* G) {
-  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  this->begin_backward();
   const LlamaConfig& cfg = net_.cfg;
   const int B = Bc_, T_ = Tc_, N = B * T_, C = cfg.hidden_size, I = cfg.mlp_size(), V = cfg.vocab_size;
   const auto rd = rope_dims(cfg, B, T_);
   const auto ad = attn_dims(cfg, B, T_);
-  // Gradient buffers, reused by every layer, kept between steps.
-  ArenaPlan plan;
-  carve_grads(plan, B, T_);
-  grad_arena_.reserve(plan.bytes);
-  grad_arena_.reset();
-  carve_grads(grad_arena_, B, T_);
   const size_t NC = size_t(N) * C;
   Grads& g = g_;
-  Ops::zero(g.dh, NC);
-
-  Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
-  // false) rather than zeroed and accumulated into: the same result, without the memset.
-  Ops::linear_backward(g.dx, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
-  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
+  head_.backward(P, G, net_.norm, net_.head, labels_, g.dlogits, g.dx, g.dh, N, C, V, /*side_dW=*/false);
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
     // MLP: next = hmid + down(swiglu(gate(x2), up(x2)))
     // dact, dgu (both halves) and dx are overwritten whole by their one writer: no zeroing.
@@ -253,20 +200,8 @@ nlohmann::json Llama<T>::hf_config() const {
           {"torch_dtype", "float32"}};  // checkpoints are written in fp32
 }
 
-template <class T>
-YAML::Node Llama<T>::resolved_config() const {
-  LlamaConfig c = net_.cfg;
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
-
 template class Llama<float>;
 template class Llama<double>;
-template class LlamaCore<float, CpuOps<float>>;
-template class LlamaCore<double, CpuOps<double>>;
-#ifdef LRNN_WITH_CUDA
-template class LlamaCore<float, CudaOps>;
-#endif
+LRNN_INSTANTIATE_CORE(LlamaCore)
 
 }  // namespace lrnn

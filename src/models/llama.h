@@ -12,8 +12,7 @@
 // CPU reference ops, the device model (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
 #include "io/schema.h"
-#include "models/backend.h"
-#include "models/model.h"
+#include "models/core_frame.h"
 
 namespace lrnn {
 
@@ -46,22 +45,19 @@ struct LlamaLayout {
 };
 
 // The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
-// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+// parameter and gradient buffers in that backend's memory (the frame: models/core_frame.h).
 template <class T, class Ops>
-class LlamaCore {
+class LlamaCore : public CoreFrame<LlamaCore<T, Ops>, T, Ops> {
  public:
   explicit LlamaCore(const LlamaLayout& net) : net_(net) {}
-  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
-  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
-  // device it stays in loss() and NaN is returned.
+  // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
-  void reserve(int B, int T_, bool train);
-  const T* logits() const { return acts_.logits; }
-  const T* loss() const { return acts_.loss; }
-  int generation() const { return arena_.generation() + grad_arena_.generation(); }
 
  private:
+  using Frame = CoreFrame<LlamaCore, T, Ops>;
+  friend Frame;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* qkv;   // [N, 3C]  q|k|v, one GEMM
@@ -72,40 +68,26 @@ class LlamaCore {
     T* gu;    // [N, 2I]  gate|up, one GEMM
     T* act;   // [N, I]
   };
-  struct Acts {
-    std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits, *loss;
-  };
   struct Grads { T *dh, *dx, *datt, *dqkv, *dqk, *dgu, *dact, *dlogits; };
-  template <class Alloc> void carve(Alloc& a, int B, int T_);
+  template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
   template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
 
   const LlamaLayout& net_;
-  typename Ops::Arena arena_, grad_arena_;
-  Acts acts_{};
+  std::vector<LayerActs> layers_;
   Grads g_{};
-  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
-  int Bc_ = 0, Tc_ = 0;
-  bool trained_ = false;
 };
 
 template <class T>
-class Llama final : public Model<T> {
+class Llama final : public CoreModel<T, LlamaLayout, LlamaCore> {
  public:
   Llama(const LlamaConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
-  const T* logits() const override { return core_.logits(); }
   int vocab_size() const override { return net_.cfg.vocab_size; }
   nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
+  YAML::Node resolved_config() const override { return resolved_block(net_.cfg); }
   const LlamaConfig& config() const { return net_.cfg; }
-  const LlamaLayout& net() const { return net_; }
 
  private:
-  LlamaLayout net_;
-  LlamaCore<T, CpuOps<T>> core_{net_};
-  std::vector<int32_t> tokens_, labels_;
+  using CoreModel<T, LlamaLayout, LlamaCore>::net_;
 };
 
 }  // namespace lrnn

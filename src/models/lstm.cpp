@@ -34,34 +34,22 @@ Lstm<T>::Lstm(const LstmConfig& cfg, uint64_t seed) {
   init_params(lay, this->params.data(), seed);
 }
 
-template <class T>
-double Lstm<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  return core_.forward(this->params.data(), tokens, labels, B, T_);
-}
-
 template <class T, class Ops>
 template <class Alloc>
 void LstmCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
   const LstmConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
-  auto ids = [&](size_t n) -> int32_t* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<int32_t>(n); return nullptr; }
-    else return a.template alloc<int32_t>(n);
-  };
-  acts_.tokens_tm = ids(N);
-  acts_.labels_tm = train ? ids(N) : nullptr;
+  auto get = [&](size_t n) { return take<T>(a, n); };
+  acts_.tokens_tm = take<int32_t>(a, N);
+  acts_.labels_tm = train ? take<int32_t>(a, N) : nullptr;
   acts_.x = get(N * E);
   acts_.layers.resize(cfg.num_layers);
   for (auto& l : acts_.layers) {
     l.h = get(N * H); l.c = get(N * H); l.gates = get(N * 4 * H);
   }
   acts_.logits_tm = get(N * V);
-  acts_.logits = get(N * V);
-  acts_.loss = get(1);
+  head_.logits = get(N * V);
+  head_.loss = get(1);
 }
 
 template <class T, class Ops>
@@ -69,10 +57,7 @@ template <class Alloc>
 void LstmCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const LstmConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, width = std::max(cfg.input_size(), cfg.hidden_size);
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
+  auto get = [&](size_t n) { return take<T>(a, n); };
   g_.dlogits = get(N * cfg.vocab_size);
   g_.dh = get(N * width);   // d loss / d (output of the current layer)
   g_.dx = get(N * width);   // d loss / d (its input)
@@ -80,31 +65,11 @@ void LstmCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
 }
 
 template <class T, class Ops>
-void LstmCore<T, Ops>::reserve(int B, int T_, bool train) {
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  if (train) {
-    ArenaPlan gp;
-    carve_grads(gp, B, T_);
-    grad_arena_.reserve(gp.bytes);
-  }
-}
-
-template <class T, class Ops>
 double LstmCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  this->begin_forward(tokens, labels, B, T_);
   const LstmConfig& cfg = net_.cfg;
   const int N = B * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
   const bool train = labels != nullptr;
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  arena_.reset();
-  carve(arena_, B, T_, train);
-  Bc_ = B;
-  Tc_ = T_;
-  trained_ = train;
   // [B,T] -> time-major [T,B].
   Ops::lstm_time_major_ids(acts_.tokens_tm, tokens, B, T_);
   if (train) Ops::lstm_time_major_ids(acts_.labels_tm, labels, B, T_);
@@ -120,21 +85,16 @@ double LstmCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_
     in_size = H;
   }
   Ops::linear_forward(acts_.logits_tm, in, P + net_.head_w, P + net_.head_b, N, H, V);
-  Ops::lstm_batch_major(acts_.logits, acts_.logits_tm, B, T_, V);
+  Ops::lstm_batch_major(head_.logits, acts_.logits_tm, B, T_, V);
   if (!train) return 0.0;
-  return Ops::cross_entropy_loss(acts_.loss, acts_.logits_tm, acts_.labels_tm, N, V);
+  return Ops::cross_entropy_loss(head_.loss, acts_.logits_tm, acts_.labels_tm, N, V);
 }
 
 template <class T, class Ops>
 void LstmCore<T, Ops>::backward(const T* P, T* G) {
-  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  this->begin_backward();
   const LstmConfig& cfg = net_.cfg;
   const int B = Bc_, T_ = Tc_, N = B * T_, E = cfg.input_size(), H = cfg.hidden_size, V = cfg.vocab_size;
-  ArenaPlan plan;
-  carve_grads(plan, B, T_);
-  grad_arena_.reserve(plan.bytes);
-  grad_arena_.reset();
-  carve_grads(grad_arena_, B, T_);
   T* dh = g_.dh;
   T* dx = g_.dx;
 
@@ -176,20 +136,8 @@ nlohmann::json Lstm<T>::hf_config() const {
             {"head", "torch.nn.Linear(hidden_size, vocab_size)"}}}};
 }
 
-template <class T>
-YAML::Node Lstm<T>::resolved_config() const {
-  LstmConfig c = net_.cfg;
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
-
 template class Lstm<float>;
 template class Lstm<double>;
-template class LstmCore<float, CpuOps<float>>;
-template class LstmCore<double, CpuOps<double>>;
-#ifdef LRNN_WITH_CUDA
-template class LstmCore<float, CudaOps>;
-#endif
+LRNN_INSTANTIATE_CORE(LstmCore)
 
 }  // namespace lrnn

@@ -15,8 +15,7 @@
 // CPU reference ops, the device model (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
 #include "io/schema.h"
-#include "models/backend.h"
-#include "models/model.h"
+#include "models/core_frame.h"
 
 namespace lrnn {
 
@@ -41,58 +40,47 @@ struct LstmLayout {
 };
 
 // The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
-// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+// parameter and gradient buffers in that backend's memory (the frame: models/core_frame.h; of
+// its head only the logits and the loss: the LSTM's head is a biased linear map on time-major rows).
 template <class T, class Ops>
-class LstmCore {
+class LstmCore : public CoreFrame<LstmCore<T, Ops>, T, Ops> {
  public:
   explicit LstmCore(const LstmLayout& net) : net_(net) {}
-  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss); the core keeps
-  // time-major copies. Returns the mean loss on the CPU; on a device it stays in loss() (NaN returned).
+  // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
-  void reserve(int B, int T_, bool train);
-  const T* logits() const { return acts_.logits; }
-  const T* loss() const { return acts_.loss; }
-  int generation() const { return arena_.generation() + grad_arena_.generation(); }
 
  private:
+  using Frame = CoreFrame<LstmCore, T, Ops>;
+  friend Frame;
+  using Frame::head_, Frame::Bc_, Frame::Tc_;
   struct LayerActs { T *h, *c, *gates; };   // time-major [T,B,H], [T,B,H], [T,B,4H]
   struct Acts {
     int32_t *tokens_tm, *labels_tm;         // time-major [T,B]
     T* x;                                   // embeddings, time-major [T,B,E]
     std::vector<LayerActs> layers;
-    T* logits_tm;                           // [T,B,V]
-    T* logits;                              // [B,T,V]
-    T* loss;
+    T* logits_tm;                           // [T,B,V]; head_.logits: [B,T,V]
   };
   struct Grads { T *dlogits, *dh, *dx, *work; };
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
   template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
 
   const LstmLayout& net_;
-  typename Ops::Arena arena_, grad_arena_;
   Acts acts_{};
   Grads g_{};
-  int Bc_ = 0, Tc_ = 0;
-  bool trained_ = false;
 };
 
 template <class T>
-class Lstm final : public Model<T> {
+class Lstm final : public CoreModel<T, LstmLayout, LstmCore> {
  public:
   Lstm(const LstmConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
-  const T* logits() const override { return core_.logits(); }
   int vocab_size() const override { return net_.cfg.vocab_size; }
   nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
+  YAML::Node resolved_config() const override { return resolved_block(net_.cfg); }
   const LstmConfig& config() const { return net_.cfg; }
-  const LstmLayout& net() const { return net_; }
 
  private:
-  LstmLayout net_;
-  LstmCore<T, CpuOps<T>> core_{net_};
+  using CoreModel<T, LstmLayout, LstmCore>::net_;
 };
 
 }  // namespace lrnn

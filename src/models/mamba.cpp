@@ -88,15 +88,6 @@ Mamba<T>::Mamba(const MambaConfig& cfg, uint64_t seed) {
   }
 }
 
-template <class T>
-double Mamba<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const size_t N = size_t(B) * T_;
-  tokens_.assign(tokens, tokens + N);
-  if (labels) labels_.assign(labels, labels + N);
-  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
-}
-
 ops::SelectiveScanDims MambaLayout::dims(int B, int T_) const {
   ops::SelectiveScanDims d;
   d.B = B; d.T = T_; d.Di = cfg.d_inner(); d.N = cfg.state_size;
@@ -113,18 +104,14 @@ void MambaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
   const MambaConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, C = cfg.hidden_size, Di = cfg.d_inner(), V = cfg.vocab_size;
   const size_t W = cfg.dt_rank() + 2 * size_t(cfg.state_size);
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
-  acts_.layers.resize(cfg.num_hidden_layers);
-  for (auto& l : acts_.layers) {
+  auto get = [&](size_t n) { return take<T>(a, n); };
+  layers_.resize(cfg.num_hidden_layers);
+  for (auto& l : layers_) {
     l.h = get(N * C); l.rstd = get(N); l.x1 = get(N * C);
     l.xz = get(N * 2 * Di); l.xc = get(N * Di); l.dbc = get(N * W); l.dtr = get(N * Di); l.y = get(N * Di);
     l.ckpt = train ? get(ops::selective_scan_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
-  acts_.hout = get(N * C); acts_.rstdf = get(N); acts_.xf = get(N * C); acts_.logits = get(N * V);
-  acts_.loss = get(1);
+  head_.carve(a, N, C, V, /*layer_norm=*/false);
 }
 
 template <class T, class Ops>
@@ -133,24 +120,9 @@ void MambaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const MambaConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, NC = N * cfg.hidden_size, ND = N * cfg.d_inner();
   const size_t W = cfg.dt_rank() + 2 * size_t(cfg.state_size);
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
+  auto get = [&](size_t n) { return take<T>(a, n); };
   g_.dh = get(NC); g_.dx1 = get(NC); g_.dy = get(ND); g_.dxz = get(2 * ND); g_.dxc = get(ND);
   g_.ddbc = get(N * W); g_.ddtr = get(ND); g_.dlogits = get(N * cfg.vocab_size);
-}
-
-template <class T, class Ops>
-void MambaCore<T, Ops>::reserve(int B, int T_, bool train) {
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  if (train) {
-    ArenaPlan gp;
-    carve_grads(gp, B, T_);
-    grad_arena_.reserve(gp.bytes);
-  }
 }
 
 template <class T, class Ops>
@@ -162,72 +134,45 @@ ops::SelectiveScanInputs<T> MambaCore<T, Ops>::scan_inputs(const LayerActs& a, c
 
 template <class T, class Ops>
 double MambaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  this->begin_forward(tokens, labels, B, T_);
   const MambaConfig& cfg = net_.cfg;
   const int N = B * T_, C = cfg.hidden_size, Di = cfg.d_inner(), V = cfg.vocab_size;
   const int R = cfg.dt_rank(), W = R + 2 * cfg.state_size, K = cfg.conv_kernel;
-  const double eps = cfg.layer_norm_epsilon;
-  const bool train = labels != nullptr;
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  arena_.reset();
-  carve(arena_, B, T_, train);
-  Bc_ = B;
-  Tc_ = T_;
-  tokens_ = tokens;
-  labels_ = labels;
-  trained_ = train;
   const ops::SelectiveScanDims sd = net_.dims(B, T_);
   auto opt = [&](size_t off) { return MambaLayout::opt(P, off); };
 
-  Ops::embedding_forward(acts_.layers[0].h, tokens, P + net_.emb, N, C, V);
+  Ops::embedding_forward(layers_[0].h, tokens, P + net_.emb, N, C, V);
   for (size_t li = 0; li < net_.layers.size(); ++li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
-    Ops::rmsnorm_forward(a.x1, a.rstd, a.h, P + w.norm, N, C, eps);
+    Ops::rmsnorm_forward(a.x1, a.rstd, a.h, P + w.norm, N, C, cfg.layer_norm_epsilon);
     Ops::linear_forward(a.xz, a.x1, P + w.in_proj, opt(w.in_bias), N, C, 2 * Di);   // x | z
     Ops::short_conv_forward(a.xc, a.xz, P + w.conv, B, T_, Di, K, 2 * Di, Di, opt(w.conv_bias));
     Ops::linear_forward(a.dbc, a.xc, P + w.x_proj, nullptr, N, Di, W);              // dt | B | C
     Ops::gemm(false, true, N, Di, R, T(1), a.dbc, W, P + w.dt_proj, R, T(0), a.dtr, Di);
     Ops::selective_scan_forward(a.y, scan_inputs(a, P, w), sd, a.ckpt);
-    T* next = li + 1 < net_.layers.size() ? acts_.layers[li + 1].h : acts_.hout;
+    T* next = li + 1 < net_.layers.size() ? layers_[li + 1].h : head_.hout;
     Ops::linear_forward(next, a.y, P + w.out_proj, opt(w.out_bias), N, Di, C);
     Ops::add_inplace(next, a.h, size_t(N) * C);
   }
-  Ops::rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.hout, P + net_.norm, N, C, eps);
-  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, nullptr, N, C, V);
-  if (!labels) return 0.0;
-  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+  return head_.forward(P, net_.norm, net_.head, labels, N, C, V, cfg.layer_norm_epsilon);
 }
 
 template <class T, class Ops>
 void MambaCore<T, Ops>::backward(const T* P, T* G) {
-  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  this->begin_backward();
   const MambaConfig& cfg = net_.cfg;
   const int B = Bc_, T_ = Tc_, N = B * T_, C = cfg.hidden_size, Di = cfg.d_inner(), V = cfg.vocab_size;
   const int R = cfg.dt_rank(), S = cfg.state_size, W = R + 2 * S, K = cfg.conv_kernel;
   const ops::SelectiveScanDims sd = net_.dims(B, T_);
-  // Gradient buffers, reused by every layer, kept between steps (no page faults per step).
-  ArenaPlan plan;
-  carve_grads(plan, B, T_);
-  grad_arena_.reserve(plan.bytes);
-  grad_arena_.reset();
-  carve_grads(grad_arena_, B, T_);
-  const size_t NC = size_t(N) * C, ND = size_t(N) * Di;
+  const size_t ND = size_t(N) * Di;
   Grads& g = g_;
   auto opt = [&](size_t off) { return MambaLayout::opt(P, off); };
   auto gopt = [&](size_t off) { return MambaLayout::opt(G, off); };
-  Ops::zero(g.dh, NC);
-
-  Ops::cross_entropy_backward(g.dlogits, acts_.logits, labels_, N, V, 1.0);
-  // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
-  // false) rather than zeroed and accumulated into: the same result, without the memset.
-  Ops::linear_backward(g.dx1, G + net_.head, nullptr, g.dlogits, acts_.xf, P + net_.head, N, C, V, false);
-  Ops::rmsnorm_backward(g.dh, G + net_.norm, g.dx1, acts_.hout, P + net_.norm, acts_.rstdf, N, C);
+  head_.backward(P, G, net_.norm, net_.head, labels_, g.dlogits, g.dx1, g.dh, N, C, V, /*side_dW=*/false);
 
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
-    auto& a = acts_.layers[li];
+    auto& a = layers_[li];
     auto& w = net_.layers[li];
     // next = h + out_proj(y): dh flows to h unchanged, and into the mixer.
     // dy [N, Di] is overwritten whole by out_proj's backward: no zeroing.
@@ -298,20 +243,8 @@ nlohmann::json Mamba<T>::hf_config() const {
   return j;
 }
 
-template <class T>
-YAML::Node Mamba<T>::resolved_config() const {
-  MambaConfig c = net_.cfg;
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
-
 template class Mamba<float>;
 template class Mamba<double>;
-template class MambaCore<float, CpuOps<float>>;
-template class MambaCore<double, CpuOps<double>>;
-#ifdef LRNN_WITH_CUDA
-template class MambaCore<float, CudaOps>;
-#endif
+LRNN_INSTANTIATE_CORE(MambaCore)
 
 }  // namespace lrnn

@@ -27,8 +27,7 @@
 // CPU reference ops, MambaDevice (models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
 #include "io/schema.h"
-#include "models/backend.h"
-#include "models/model.h"
+#include "models/core_frame.h"
 #include "ops/selective_scan/selective_scan.h"
 
 namespace lrnn {
@@ -76,25 +75,19 @@ struct MambaLayout {
 };
 
 // The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
-// parameter and gradient buffers in that backend's memory (the shape of DeltaLMCore).
+// parameter and gradient buffers in that backend's memory (the frame: models/core_frame.h).
 template <class T, class Ops>
-class MambaCore {
+class MambaCore : public CoreFrame<MambaCore<T, Ops>, T, Ops> {
  public:
   explicit MambaCore(const MambaLayout& net) : net_(net) {}
-  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
-  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
-  // device it stays in loss() and NaN is returned.
+  // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
-  // Accumulates the gradients of the last forward (which had labels) into G.
   void backward(const T* P, T* G);
-  // Sizes both arenas for a (B, T) step without running it.
-  void reserve(int B, int T_, bool train);
-  const T* logits() const { return acts_.logits; }
-  const T* loss() const { return acts_.loss; }
-  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
-  int generation() const { return arena_.generation() + grad_arena_.generation(); }
 
  private:
+  using Frame = CoreFrame<MambaCore, T, Ops>;
+  friend Frame;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
   struct LayerActs {
     T *h, *rstd, *x1;
     T* xz;    // [N, 2Di]   in_proj output: x | z
@@ -104,10 +97,6 @@ class MambaCore {
     T* y;     // [N, Di]    scan output, gated
     T* ckpt;  // scan states at chunk starts (training only)
   };
-  struct Acts {
-    std::vector<LayerActs> layers;
-    T *hout, *rstdf, *xf, *logits, *loss;
-  };
   struct Grads {
     T *dh, *dx1, *dy, *dxz, *dxc, *ddbc, *ddtr, *dlogits;
   };
@@ -116,31 +105,21 @@ class MambaCore {
   ops::SelectiveScanInputs<T> scan_inputs(const LayerActs& a, const T* P, const MambaLayout::LayerParams& w) const;
 
   const MambaLayout& net_;
-  typename Ops::Arena arena_, grad_arena_;
-  Acts acts_{};
+  std::vector<LayerActs> layers_;
   Grads g_{};
-  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
-  int Bc_ = 0, Tc_ = 0;   // shape of the last forward
-  bool trained_ = false;  // the last forward kept what backward needs
 };
 
 template <class T>
-class Mamba final : public Model<T> {
+class Mamba final : public CoreModel<T, MambaLayout, MambaCore> {
  public:
   Mamba(const MambaConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
-  const T* logits() const override { return core_.logits(); }
   int vocab_size() const override { return net_.cfg.vocab_size; }
   nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
+  YAML::Node resolved_config() const override { return resolved_block(net_.cfg); }
   const MambaConfig& config() const { return net_.cfg; }
-  const MambaLayout& net() const { return net_; }
 
  private:
-  MambaLayout net_;
-  MambaCore<T, CpuOps<T>> core_{net_};
-  std::vector<int32_t> tokens_, labels_;
+  using CoreModel<T, MambaLayout, MambaCore>::net_;
 };
 
 }  // namespace lrnn

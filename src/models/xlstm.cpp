@@ -175,15 +175,6 @@ XLSTM<T>::XLSTM(const XLSTMConfig& cfg, uint64_t seed) {
   }
 }
 
-template <class T>
-double XLSTM<T>::forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
-  const size_t N = size_t(B) * T_;
-  tokens_.assign(tokens, tokens + N);
-  if (labels) labels_.assign(labels, labels + N);
-  return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
-}
-
 template <class T, class Ops>
 T* XLSTMCore<T, Ops>::xc_of(const BlockActs& a) const {
   if (net_.cfg.conv1d_kernel_size) return a.xc;
@@ -203,12 +194,9 @@ void XLSTMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
   const XLSTMConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, d = cfg.embedding_dim, NH = cfg.num_heads, V = cfg.vocab_size;
   const bool conv = cfg.conv1d_kernel_size > 0;
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
-  acts_.blocks.assign(cfg.num_blocks, BlockActs{});
-  for (auto& l : acts_.blocks) {
+  auto get = [&](size_t n) { return take<T>(a, n); };
+  blocks_.assign(cfg.num_blocks, BlockActs{});
+  for (auto& l : blocks_) {
     l.h = get(N * d); l.mu1 = get(N); l.r1 = get(N); l.x1 = get(N * d);
     if (cfg.is_mlstm()) {
       const size_t I = cfg.inner_dim();
@@ -228,8 +216,7 @@ void XLSTMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
       l.mu3 = get(N); l.r3 = get(N); l.x2 = get(N * d); l.gu = get(N * 2 * U); l.act = get(N * U);
     }
   }
-  acts_.hout = get(N * d); acts_.muf = get(N); acts_.rf = get(N); acts_.xf = get(N * d); acts_.logits = get(N * V);
-  acts_.loss = get(1);
+  head_.carve(a, N, d, V, /*layer_norm=*/true);
 }
 
 template <class T, class Ops>
@@ -237,10 +224,7 @@ template <class Alloc>
 void XLSTMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const XLSTMConfig& cfg = net_.cfg;
   const size_t Nn = size_t(B) * T_, d = cfg.embedding_dim, V = cfg.vocab_size, NH = cfg.num_heads;
-  auto get = [&](size_t n) -> T* {
-    if constexpr (std::is_same_v<Alloc, ArenaPlan>) { a.template add<T>(n); return nullptr; }
-    else return a.template alloc<T>(n);
-  };
+  auto get = [&](size_t n) { return take<T>(a, n); };
   g_ = Grads{};
   g_.dh = get(Nn * d); g_.dx = get(Nn * d); g_.dlogits = get(Nn * V);
   if (cfg.is_mlstm()) {
@@ -255,26 +239,14 @@ void XLSTMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
 }
 
 template <class T, class Ops>
-void XLSTMCore<T, Ops>::reserve(int B, int T_, bool train) {
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  if (train) {
-    ArenaPlan gp;
-    carve_grads(gp, B, T_);
-    grad_arena_.reserve(gp.bytes);
-  }
-}
-
-template <class T, class Ops>
 void XLSTMCore<T, Ops>::mlstm_forward(const T* P, int li, int B, int T_) {
   const XLSTMConfig& cfg = net_.cfg;
-  auto& a = acts_.blocks[li];
+  auto& a = blocks_[li];
   const auto& w = net_.blocks[li];
   const int N = B * T_, d = cfg.embedding_dim, I = cfg.inner_dim(), NH = cfg.num_heads, K = cfg.conv1d_kernel_size;
   const int bs = cfg.qkv_proj_blocksize, nb = I / bs;
   auto bias = [&](size_t off) -> const T* { return cfg.bias ? P + off : nullptr; };
-  T* next = li + 1 < cfg.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
+  T* next = li + 1 < cfg.num_blocks ? blocks_[li + 1].h : head_.hout;
   Ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
   Ops::linear_forward(a.up, a.x1, P + w.proj_up, bias(w.proj_up_b), N, d, 2 * I);  // [xm | z]
   if (K) Ops::short_conv_forward(a.xc, a.up, P + w.conv, B, T_, I, K, 2 * I, I, P + w.conv_b);
@@ -296,11 +268,11 @@ void XLSTMCore<T, Ops>::mlstm_forward(const T* P, int li, int B, int T_) {
 template <class T, class Ops>
 void XLSTMCore<T, Ops>::slstm_forward(const T* P, int li, int B, int T_) {
   const XLSTMConfig& cfg = net_.cfg;
-  auto& a = acts_.blocks[li];
+  auto& a = blocks_[li];
   const auto& w = net_.blocks[li];
   const int N = B * T_, d = cfg.embedding_dim, NH = cfg.num_heads, DH = d / NH, K = cfg.conv1d_kernel_size;
   const int U = cfg.ffn_dim();
-  T* next = li + 1 < cfg.num_blocks ? acts_.blocks[li + 1].h : acts_.hout;
+  T* next = li + 1 < cfg.num_blocks ? blocks_[li + 1].h : head_.hout;
   Ops::layernorm_forward(a.x1, a.mu1, a.r1, a.h, P + w.norm, N, d, 1, kLnEps, kLnOffset);
   if (K) Ops::short_conv_forward(a.xc, a.x1, P + w.conv, B, T_, d, K, d, d, P + w.conv_b);
   const T* xc = xc_of(a);
@@ -323,35 +295,21 @@ void XLSTMCore<T, Ops>::slstm_forward(const T* P, int li, int B, int T_) {
 
 template <class T, class Ops>
 double XLSTMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
-  LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+  this->begin_forward(tokens, labels, B, T_);
   const XLSTMConfig& cfg = net_.cfg;
   const int N = B * T_, d = cfg.embedding_dim, V = cfg.vocab_size;
-  const bool train = labels != nullptr;
-  ArenaPlan plan;
-  carve(plan, B, T_, train);
-  arena_.reserve(plan.bytes);
-  arena_.reset();
-  carve(arena_, B, T_, train);
-  Bc_ = B;
-  Tc_ = T_;
-  trained_ = train;
-  tokens_ = tokens;
-  labels_ = labels;
-  Ops::embedding_forward(acts_.blocks[0].h, tokens, P + net_.emb, N, d, V);
+  Ops::embedding_forward(blocks_[0].h, tokens, P + net_.emb, N, d, V);
   for (int li = 0; li < cfg.num_blocks; ++li) {
     if (cfg.is_mlstm()) mlstm_forward(P, li, B, T_);
     else slstm_forward(P, li, B, T_);
   }
-  Ops::layernorm_forward(acts_.xf, acts_.muf, acts_.rf, acts_.hout, P + net_.post_norm, N, d, 1, kLnEps, kLnOffset);
-  Ops::linear_forward(acts_.logits, acts_.xf, P + net_.head, static_cast<const T*>(nullptr), N, d, V);
-  if (!labels) return 0.0;
-  return Ops::cross_entropy_loss(acts_.loss, acts_.logits, labels, N, V);
+  return head_.forward(P, net_.post_norm, net_.head, labels, N, d, V, kLnEps);
 }
 
 template <class T, class Ops>
 void XLSTMCore<T, Ops>::mlstm_backward(const T* P, T* G, int li, T* dh, int B, int T_) {
   const XLSTMConfig& cfg = net_.cfg;
-  auto& a = acts_.blocks[li];
+  auto& a = blocks_[li];
   const auto& w = net_.blocks[li];
   const int N = B * T_, d = cfg.embedding_dim, I = cfg.inner_dim(), NH = cfg.num_heads, K = cfg.conv1d_kernel_size;
   const int bs = cfg.qkv_proj_blocksize, nb = I / bs;
@@ -392,7 +350,7 @@ void XLSTMCore<T, Ops>::mlstm_backward(const T* P, T* G, int li, T* dh, int B, i
 template <class T, class Ops>
 void XLSTMCore<T, Ops>::slstm_backward(const T* P, T* G, int li, T* dh, int B, int T_) {
   const XLSTMConfig& cfg = net_.cfg;
-  auto& a = acts_.blocks[li];
+  auto& a = blocks_[li];
   const auto& w = net_.blocks[li];
   const int N = B * T_, d = cfg.embedding_dim, NH = cfg.num_heads, DH = d / NH, K = cfg.conv1d_kernel_size;
   const int U = cfg.ffn_dim();
@@ -433,23 +391,10 @@ void XLSTMCore<T, Ops>::slstm_backward(const T* P, T* G, int li, T* dh, int B, i
 
 template <class T, class Ops>
 void XLSTMCore<T, Ops>::backward(const T* P, T* G) {
-  LRNN_CHECK(trained_, "backward needs a forward with labels");
+  this->begin_backward();
   const XLSTMConfig& cfg = net_.cfg;
   const int B = Bc_, T_ = Tc_, N = B * T_, d = cfg.embedding_dim, V = cfg.vocab_size;
-  // Gradient buffers, reused by every block, kept between steps (no page faults per step).
-  ArenaPlan plan;
-  carve_grads(plan, B, T_);
-  grad_arena_.reserve(plan.bytes);
-  grad_arena_.reset();
-  carve_grads(grad_arena_, B, T_);
-  const size_t Nd = size_t(N) * d;
-  Ops::cross_entropy_backward(g_.dlogits, acts_.logits, labels_, N, V, 1.0);
-  // dx is overwritten whole by the head's backward (accumulate = false): no zeroing.
-  Ops::linear_backward(g_.dx, G + net_.head, static_cast<T*>(nullptr), g_.dlogits, acts_.xf, P + net_.head, N, d, V,
-                       false);
-  Ops::zero(g_.dh, Nd);
-  Ops::layernorm_backward(g_.dh, G + net_.post_norm, g_.dx, acts_.hout, P + net_.post_norm, acts_.muf, acts_.rf, N, d,
-                          1, kLnOffset);
+  head_.backward(P, G, net_.post_norm, net_.head, labels_, g_.dlogits, g_.dx, g_.dh, N, d, V, /*side_dW=*/false);
   for (int li = cfg.num_blocks - 1; li >= 0; --li) {
     if (cfg.is_mlstm()) mlstm_backward(P, G, li, g_.dh, B, T_);
     else slstm_backward(P, G, li, g_.dh, B, T_);
@@ -521,20 +466,8 @@ nlohmann::json XLSTM<T>::hf_config() const {
   return j;
 }
 
-template <class T>
-YAML::Node XLSTM<T>::resolved_config() const {
-  XLSTMConfig c = net_.cfg;
-  io::Schema s("", "model");
-  c.describe(s);
-  return s.dump();
-}
-
 template class XLSTM<float>;
 template class XLSTM<double>;
-template class XLSTMCore<float, CpuOps<float>>;
-template class XLSTMCore<double, CpuOps<double>>;
-#ifdef LRNN_WITH_CUDA
-template class XLSTMCore<float, CudaOps>;
-#endif
+LRNN_INSTANTIATE_CORE(XLSTMCore)
 
 }  // namespace lrnn

@@ -20,10 +20,8 @@
 // CPU reference ops, the CUDA device model (models/device_model_cuda.cpp) on the CUDA ops.
 // LayerNorms have a weight stored as an offset from 1 and no bias, eps 1e-5 (the package's LayerNorm).
 #pragma once
-#include "core/arena.h"
 #include "io/schema.h"
-#include "models/backend.h"
-#include "models/model.h"
+#include "models/core_frame.h"
 
 namespace lrnn {
 
@@ -72,25 +70,19 @@ struct XLSTMLayout {
 };
 
 // The network's forward and backward on one backend (Ops: CpuOps<T> or CudaOps), over flat
-// parameter and gradient buffers in that backend's memory (the shape of MambaCore).
+// parameter and gradient buffers in that backend's memory (the frame: models/core_frame.h).
 template <class T, class Ops>
-class XLSTMCore {
+class XLSTMCore : public CoreFrame<XLSTMCore<T, Ops>, T, Ops> {
  public:
   explicit XLSTMCore(const XLSTMLayout& net) : net_(net) {}
-  // tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
-  // backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
-  // device it stays in loss() and NaN is returned.
+  // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
-  // Accumulates the gradients of the last forward (which had labels) into G.
   void backward(const T* P, T* G);
-  // Sizes both arenas for a (B, T) step without running it.
-  void reserve(int B, int T_, bool train);
-  const T* logits() const { return acts_.logits; }
-  const T* loss() const { return acts_.loss; }
-  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
-  int generation() const { return arena_.generation() + grad_arena_.generation(); }
 
  private:
+  using Frame = CoreFrame<XLSTMCore, T, Ops>;
+  friend Frame;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
   using BlockParams = XLSTMLayout::BlockParams;
   struct BlockActs {
     T *h, *mu1, *r1, *x1;
@@ -98,10 +90,6 @@ class XLSTMCore {
     T *up, *xc, *qkv, *gl, *hc, *mu2, *r2, *hn, *hs, *ckpt;
     // sLSTM (xc shared)
     T *wx, *y, *saved, *hmid, *mu3, *r3, *x2, *gu, *act;
-  };
-  struct Acts {
-    std::vector<BlockActs> blocks;
-    T *hout, *muf, *rf, *xf, *logits, *loss;
   };
   // Gradient buffers, reused by every block.
   struct Grads {
@@ -119,31 +107,21 @@ class XLSTMCore {
   int xc_ld() const;
 
   const XLSTMLayout& net_;
-  typename Ops::Arena arena_, grad_arena_;
-  Acts acts_{};
+  std::vector<BlockActs> blocks_;
   Grads g_{};
-  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
-  int Bc_ = 0, Tc_ = 0;
-  bool trained_ = false;  // the last forward kept what the backward needs
 };
 
 template <class T>
-class XLSTM final : public Model<T> {
+class XLSTM final : public CoreModel<T, XLSTMLayout, XLSTMCore> {
  public:
   XLSTM(const XLSTMConfig& cfg, uint64_t seed);
-  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override;
-  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
-  const T* logits() const override { return core_.logits(); }
   int vocab_size() const override { return net_.cfg.vocab_size; }
   nlohmann::json hf_config() const override;
-  YAML::Node resolved_config() const override;
+  YAML::Node resolved_config() const override { return resolved_block(net_.cfg); }
   const XLSTMConfig& config() const { return net_.cfg; }
-  const XLSTMLayout& net() const { return net_; }
 
  private:
-  XLSTMLayout net_;
-  XLSTMCore<T, CpuOps<T>> core_{net_};
-  std::vector<int32_t> tokens_, labels_;
+  using CoreModel<T, XLSTMLayout, XLSTMCore>::net_;
 };
 
 }  // namespace lrnn

@@ -1,0 +1,213 @@
+// The frame the models' network cores share. Each model's network is written once, as a core
+// over a backend's ops (models/backend.h: CpuOps<T> or CudaOps): DeltaLMCore, MambaCore,
+// XLSTMCore, LlamaCore, LstmCore. What they have in common lives here:
+//
+// - CoreFrame: the two arenas (activations, sized per (batch, length) and carved anew by every
+//   forward; gradient buffers, kept between steps), each sized by a first carve pass into an
+//   ArenaPlan and handed out by a second over the arena (the core's carve(a, B, T, train) and
+//   carve_grads(a, B, T), taking every buffer with take()); the batch of the last forward, which
+//   backward() reads again; the language-model head.
+// - LmHead: the end of the network, h_out -> final norm -> lm_head -> logits -> mean
+//   cross-entropy, and its backward into the residual stream's gradient.
+// - CoreModel: a Model<T> whose forward and backward are its core's on the CPU.
+//
+// A core's forward is begin_forward(), the embedding, its blocks, head_.forward(); its backward
+// begin_backward(), head_.backward(), its blocks in reverse, the embedding's backward.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+#include "core/arena.h"
+#include "core/check.h"
+#include "io/schema.h"
+#include "models/backend.h"
+#include "models/model.h"
+
+namespace lrnn {
+
+// One buffer of n elements of a carve pass: counted into an ArenaPlan (nullptr), or taken from
+// the arena.
+template <class E, class Alloc>
+E* take(Alloc& a, size_t n) {
+  if constexpr (std::is_same_v<Alloc, ArenaPlan>) {
+    a.template add<E>(n);
+    return nullptr;
+  } else {
+    return a.template alloc<E>(n);
+  }
+}
+
+// The head on the last residual stream hout [N, C]: xf = norm(hout), logits = lm_head(xf)
+// [N, V] (no bias), and the mean cross-entropy over the counted labels. The final norm is an
+// RMSNorm (fla, HF), or with layer_norm the xlstm package's LayerNorm (no bias, its weight an
+// offset from 1).
+template <class T, class Ops>
+struct LmHead {
+  T *hout = nullptr, *mu = nullptr, *rstd = nullptr, *xf = nullptr, *logits = nullptr, *loss = nullptr;
+  bool layer_norm = false;
+
+  template <class Alloc>
+  void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_) {
+    layer_norm = layer_norm_;
+    hout = take<T>(a, N * C);
+    mu = layer_norm ? take<T>(a, N) : nullptr;
+    rstd = take<T>(a, N);
+    xf = take<T>(a, N * C);
+    logits = take<T>(a, N * V);
+    loss = take<T>(a, 1);
+  }
+
+  // norm, head: the offsets of the final norm's weight and of lm_head's in P. Returns the mean
+  // loss on the CPU, NaN on a device (it stays in *loss); 0 without labels.
+  double forward(const T* P, size_t norm, size_t head, const int32_t* labels, int N, int C, int V, double eps) {
+    if (layer_norm) Ops::layernorm_forward(xf, mu, rstd, hout, P + norm, N, C, 1, eps, 1.0);
+    else Ops::rmsnorm_forward(xf, rstd, hout, P + norm, N, C, eps);
+    Ops::linear_forward(logits, xf, P + head, static_cast<const T*>(nullptr), N, C, V);
+    if (!labels) return 0.0;
+    return Ops::cross_entropy_loss(loss, logits, labels, N, V);
+  }
+
+  // The backward of the last forward (which had labels): dlogits, lm_head's gradients (input
+  // gradient into dx), the final norm's (input gradient into dh); dx and dh are overwritten, the
+  // weight gradients accumulate into G. With side_dW, lm_head's weight gradient runs as side work
+  // (Ops::side), which the caller joins before its backward returns.
+  void backward(const T* P, T* G, size_t norm, size_t head, const int32_t* labels, T* dlogits, T* dx, T* dh, int N,
+                int C, int V, bool side_dW) {
+    Ops::cross_entropy_backward(dlogits, logits, labels, N, V, 1.0);
+    // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
+    // false) rather than zeroed and accumulated into: the same result, without the memset.
+    if (side_dW) {
+      Ops::linear_backward(dx, nullptr, nullptr, dlogits, xf, P + head, N, C, V, false);
+      Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, xf, nullptr, N, C, V); });
+    } else {
+      Ops::linear_backward(dx, G + head, static_cast<T*>(nullptr), dlogits, xf, P + head, N, C, V, false);
+    }
+    if (layer_norm) {  // (the LayerNorm's backward accumulates)
+      Ops::zero(dh, size_t(N) * C);
+      Ops::layernorm_backward(dh, G + norm, dx, hout, P + norm, mu, rstd, N, C, 1, 1.0);
+    } else {
+      Ops::rmsnorm_backward(dh, G + norm, dx, hout, P + norm, rstd, N, C, /*accumulate=*/false);
+    }
+  }
+};
+
+// The base of a core (CRTP: Core derives from CoreFrame<Core, T, Ops> and befriends it, which
+// calls its carve and carve_grads). Every core offers, over flat parameter (P) and gradient (G)
+// buffers in its backend's memory:
+//   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
+//     tokens, labels [B,T] in the backend's memory (labels may be null: no loss), read again by
+//     backward(), so they must stay valid until then. Returns the mean loss on the CPU; on a
+//     device it stays in loss() and NaN is returned.
+//   void backward(const T* P, T* G);
+//     accumulates the gradients of the last forward (which had labels) into G.
+template <class Core, class T, class Ops>
+class CoreFrame {
+ public:
+  // Sizes both arenas for a (B, T) step without running it (so later steps of at most that size
+  // allocate nothing: what a captured CUDA graph needs).
+  void reserve(int B, int T_, bool train) {
+    ArenaPlan plan;
+    core().carve(plan, B, T_, train);
+    arena_.reserve(plan.bytes);
+    if (train) {
+      ArenaPlan gp;
+      core().carve_grads(gp, B, T_);
+      grad_arena_.reserve(gp.bytes);
+    }
+  }
+  const T* logits() const { return head_.logits; }  // [B,T,V] of the last forward
+  const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
+  // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
+  int generation() const { return arena_.generation() + grad_arena_.generation(); }
+
+ protected:
+  // A forward's first step: carves the activations for (B, T_) (with what the backward needs when
+  // there are labels) and keeps the batch, which must stay valid until backward().
+  void begin_forward(const int32_t* tokens, const int32_t* labels, int B, int T_) {
+    LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+    const bool train = labels != nullptr;
+    ArenaPlan plan;
+    core().carve(plan, B, T_, train);
+    arena_.reserve(plan.bytes);
+    arena_.reset();
+    core().carve(arena_, B, T_, train);
+    Bc_ = B;
+    Tc_ = T_;
+    tokens_ = tokens;
+    labels_ = labels;
+    trained_ = train;
+  }
+  // A backward's first step: the gradient buffers for the last forward's batch (reused by every
+  // layer, kept between steps: no page faults per step).
+  void begin_backward() {
+    LRNN_CHECK(trained_, "backward needs a forward with labels");
+    ArenaPlan plan;
+    core().carve_grads(plan, Bc_, Tc_);
+    grad_arena_.reserve(plan.bytes);
+    grad_arena_.reset();
+    core().carve_grads(grad_arena_, Bc_, Tc_);
+  }
+
+  typename Ops::Arena arena_, grad_arena_;
+  LmHead<T, Ops> head_{};
+  const int32_t *tokens_ = nullptr, *labels_ = nullptr;
+  int Bc_ = 0, Tc_ = 0;   // shape of the last forward
+  bool trained_ = false;  // the last forward kept what backward needs
+
+ private:
+  Core& core() { return static_cast<Core&>(*this); }
+};
+
+// A model computed by its core on the CPU reference ops, over its own flat parameter and
+// gradient buffers. The model class fills net_ (its parameter layout and config) and adds its
+// config.json; the device model (models/device_model_cuda.cpp) runs the same core on CudaOps.
+template <class T, class Layout, template <class, class> class Core>
+class CoreModel : public Model<T> {
+ public:
+  double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override {
+    LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+    // The core reads the batch again in backward(): a copy, so the caller's may go.
+    const size_t N = size_t(B) * T_;
+    tokens_.assign(tokens, tokens + N);
+    if (labels) labels_.assign(labels, labels + N);
+    return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
+  }
+  void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  const T* logits() const override { return core_.logits(); }
+  const Layout& net() const { return net_; }
+
+ protected:
+  Layout net_;
+
+ private:
+  Core<T, CpuOps<T>> core_{net_};
+  std::vector<int32_t> tokens_, labels_;
+};
+
+// The model block a config resolves to (every key, defaults filled in), for the run's config.yaml.
+template <class Config>
+YAML::Node resolved_block(Config c) {
+  io::Schema s("", "model");
+  c.describe(s);
+  return s.dump();
+}
+
+}  // namespace lrnn
+
+// The instantiations of a core (in its .cpp, where its carve functions are defined): on the CPU
+// in float and double, and on CUDA where it is built; with the ArenaPlan passes of carve and
+// carve_grads, which CoreFrame::reserve (instantiated wherever it is called) uses.
+#define LRNN_INSTANTIATE_CORE_AS(Core, T, Ops)                                 \
+  template class Core<T, Ops>;                                                  \
+  template void Core<T, Ops>::carve<ArenaPlan>(ArenaPlan&, int, int, bool);     \
+  template void Core<T, Ops>::carve_grads<ArenaPlan>(ArenaPlan&, int, int);
+#ifdef LRNN_WITH_CUDA
+#define LRNN_INSTANTIATE_CORE(Core)                     \
+  LRNN_INSTANTIATE_CORE_AS(Core, float, CpuOps<float>)   \
+  LRNN_INSTANTIATE_CORE_AS(Core, double, CpuOps<double>) \
+  LRNN_INSTANTIATE_CORE_AS(Core, float, CudaOps)
+#else
+#define LRNN_INSTANTIATE_CORE(Core)                   \
+  LRNN_INSTANTIATE_CORE_AS(Core, float, CpuOps<float>) \
+  LRNN_INSTANTIATE_CORE_AS(Core, double, CpuOps<double>)
+#endif
