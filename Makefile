@@ -1,9 +1,10 @@
 # Thin wrapper over CMake presets. `make demo` and `make test` work on a fresh Debian machine.
 JOBS ?= $(shell nproc)
 PRESET ?= release
+FUZZ_SECONDS ?= 20
 BUILD := build
 
-.PHONY: all deps configure build demo test bench clean
+.PHONY: all deps configure build demo test bench clean fuzz sanitize
 
 all: build
 
@@ -24,9 +25,18 @@ demo: build
 test: build
 	# Passive waiting: ctest runs tests side by side, and spinning OpenMP threads would steal the cores.
 	cd $(BUILD) && OMP_WAIT_POLICY=passive ctest --output-on-failure -j $(JOBS) --timeout 900
+	# The same suite (but the learning tests) under ASan + UBSan, then every reader fuzzed briefly.
+	bash scripts/sanitize.sh
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 bench: build
 	$(BUILD)/bench/bench_train_step --benchmark_min_time=2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
+sanitize: deps
+	bash scripts/sanitize.sh
+
+fuzz: deps
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) build-debug build-cuda
+	rm -rf $(BUILD) build-debug build-cuda build-fuzz

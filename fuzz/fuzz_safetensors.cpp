@@ -3,6 +3,7 @@
 // allocation over the limit) is a finding.
 #include <cstdint>
 #include <string_view>
+#include "core/check.h"
 #include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

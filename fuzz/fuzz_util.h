@@ -1,6 +1,7 @@
 // Shared set-up of the fuzz targets.
 #pragma once
 #include <cstdlib>
+#include "core/check.h"  // lrnn::UserError, what every reader throws for bad input
 
 namespace lrnn::fuzz {
 

@@ -8,9 +8,15 @@
 
 namespace lrnn {
 
+namespace {
+uint64_t env_limit() {
+  const char* env = std::getenv("LRNN_MEMORY_LIMIT_MB");
+  return env && std::atoll(env) > 0 ? uint64_t(std::atoll(env)) << 20 : 0;
+}
+}  // namespace
+
 uint64_t memory_budget_bytes() {
-  if (const char* env = std::getenv("LRNN_MEMORY_LIMIT_MB"); env && std::atoll(env) > 0)
-    return uint64_t(std::atoll(env)) << 20;
+  if (uint64_t limit = env_limit()) return limit;
   std::ifstream in("/proc/meminfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -33,7 +39,7 @@ void check_memory(uint64_t bytes, const std::string& what) {
   if (bytes > budget)
     LRNN_USER_ERROR("{} needs about {}, more than the {} this machine can give{}; make them smaller", what,
                     human_bytes(bytes), human_bytes(budget),
-                    std::getenv("LRNN_MEMORY_LIMIT_MB") ? " (LRNN_MEMORY_LIMIT_MB)" : "");
+                    env_limit() ? " (LRNN_MEMORY_LIMIT_MB)" : "");
 }
 
 }  // namespace lrnn

@@ -115,6 +115,14 @@ class CoreFrame {
       grad_arena_.reserve(gp.bytes);
     }
   }
+  // Bytes both arenas need for a (B, T) step, without allocating (the memory check before a run).
+  // A carve pass resets the buffer pointers: call it between steps, as reserve().
+  size_t planned_bytes(int B, int T_, bool train) {
+    ArenaPlan plan;
+    core().carve(plan, B, T_, train);
+    if (train) core().carve_grads(plan, B, T_);
+    return plan.bytes;
+  }
   const T* logits() const { return head_.logits; }  // [B,T,V] of the last forward
   const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
   // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
@@ -174,6 +182,7 @@ class CoreModel : public Model<T> {
   }
   void backward() override { core_.backward(this->params.data(), this->grads.data()); }
   const T* logits() const override { return core_.logits(); }
+  size_t activation_bytes(int B, int T_, bool train) override { return core_.planned_bytes(B, T_, train); }
   const Layout& net() const { return net_; }
 
  protected:

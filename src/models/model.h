@@ -9,7 +9,9 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include "core/memory.h"
 #include "core/params.h"
+#include <fmt/format.h>
 #include "models/hf/hf_files.h"
 
 namespace lrnn {
@@ -26,6 +28,10 @@ class Model {
   // Accumulates d(loss)/d(params) into `grads` for the last forward (which must have had labels).
   virtual void backward() = 0;
   virtual const T* logits() const = 0;  // [B,T,V] of the last forward
+  // Bytes of activations (and, with train, of activation gradients) a forward on a [B,T] batch
+  // allocates, computed without allocating; for the memory check before a run. Call it between
+  // steps only (it may reset the model's buffer pointers).
+  virtual size_t activation_bytes(int B, int T_, bool train) { return 0; }
   virtual int vocab_size() const = 0;
   // The public implementation's config (fla / HF `config.json`).
   virtual nlohmann::json hf_config() const = 0;
@@ -41,7 +47,12 @@ class Model {
   std::vector<T> params, grads;
 
  protected:
+  // Parameters and gradients, after checking they fit the machine (core/memory.h): a model
+  // whose sizes ask for more is refused before anything is allocated.
   void allocate() {
+    check_memory(2 * layout_.total() * sizeof(T),
+                 fmt::format("model: {} parameters (model.hidden_size, num_hidden_layers, vocab_size, "
+                             "intermediate_size, ...; weights and gradients)", layout_.total()));
     params.assign(layout_.total(), T(0));
     grads.assign(layout_.total(), T(0));
   }

@@ -62,8 +62,14 @@ std::unique_ptr<Model<T>> create_model(const YAML::Node& block, const std::strin
   std::string type = block["model_type"].Scalar();
   for (auto& e : kModels) {
     if (type != e.type) continue;
-    if constexpr (std::is_same_v<T, float>) return e.f32(block, where, seed);
-    else return e.f64(block, where, seed);
+    try {
+      if constexpr (std::is_same_v<T, float>) return e.f32(block, where, seed);
+      else return e.f64(block, where, seed);
+    } catch (const UserError& err) {  // errors from below the schema (sizes) get the source too
+      const std::string m = err.what();
+      if (m.rfind(where, 0) == 0) throw;
+      LRNN_USER_ERROR("{}: {}", where, m);
+    }
   }
   LRNN_USER_ERROR("{}: model.model_type: expected one of [{}], got '{}'", where, fmt::join(model_types(), ", "), type);
 }

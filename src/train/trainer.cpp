@@ -12,6 +12,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 #include <omp.h>
+#include "core/memory.h"
 #include "io/atomic_file.h"
 #include "ops/adamw/adamw.h"
 #include "ops/linear/linear.h"
@@ -228,6 +229,7 @@ class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(const ExperimentConfig& cfg)
       : tc_(cfg.training), dp_(cfg.model, cfg.source, uint64_t(cfg.training.seed), cfg.training.num_threads) {
+    check_run_memory(cfg);
     const size_t P = dp_.main().params.size();
     decay_.assign(P, 0);
     for (auto& e : dp_.main().layout().entries())
@@ -278,6 +280,25 @@ class CpuEngine final : public Engine {
   std::string describe() const override { return fmt::format("cpu, {} data-parallel workers", dp_.workers()); }
 
  private:
+  // What the run will hold at its peak, checked against the machine before the first step
+  // allocates it (core/memory.h): each worker's replica (weights, gradients) and its share of the
+  // batch's activations, AdamW's two moments, and the evaluation's activations and logits.
+  void check_run_memory(const ExperimentConfig& cfg) {
+    const int W = dp_.workers();
+    const auto& t = cfg.task;
+    Model<float>& m = dp_.main();
+    const uint64_t P = m.params.size(), V = uint64_t(m.vocab_size());
+    auto rows = [&](int B) { return std::max(1, (B + W - 1) / W); };
+    // Input lengths: at most the range's top, plus a BOS.
+    const uint64_t train = m.activation_bytes(rows(tc_.batch_size), t.train_len[1] + 1, true);
+    const uint64_t eval = m.activation_bytes(rows(t.eval_batch_size), t.eval_len[1] + 1, false) +
+                          uint64_t(t.eval_batch_size) * uint64_t(t.eval_len[1] + 1) * V * sizeof(float) / uint64_t(W);
+    const uint64_t total = uint64_t(W) * (2 * P * sizeof(float) + std::max(train, eval)) + 2 * P * sizeof(float);
+    check_memory(total, fmt::format("{}: this run ({} workers; training.batch_size {} x task.train_len up to {}, "
+                                    "task.eval_batch_size {} x task.eval_len up to {}, {} parameters)",
+                                    cfg.source, W, tc_.batch_size, t.train_len[1], t.eval_batch_size, t.eval_len[1], P));
+  }
+
   const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
   DataParallel dp_;
   std::vector<uint8_t> decay_;

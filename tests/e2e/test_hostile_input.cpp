@@ -250,3 +250,29 @@ TEST(HostileInput, OneTrainerPerRunDirectoryAndNoStaleTemporaries) {
   EXPECT_FALSE(fs::exists(run / "train_state.safetensors.tmp.123"));
   EXPECT_TRUE(fs::exists(run / "notes.tmp.txt"));
 }
+
+// Sizes inside the schema's ranges but beyond the machine: refused before anything is allocated or
+// written, naming the keys (before: SIGABRT from an exception escaping an OpenMP region, a signed
+// overflow, or std::bad_alloc naming nothing, each leaving a half-written run directory).
+TEST(HostileInput, SizesAreCheckedAgainstMemoryFirst) {
+  auto dir = temp_dir("sizes");
+  write_text(dir / "c.yaml", kTiny);
+  setenv("LRNN_MEMORY_LIMIT_MB", "2048", 1);  // the same verdicts on any machine
+  struct Case { std::string set, expect; };
+  for (const Case& c : std::vector<Case>{
+           {"'task.train_len=[3,2000000]'", "task.train_len: expected [lo, hi] with 2 <= lo <= hi <= 1048576"},
+           {"'task.train_len=[2147483646,2147483647]'", "task.train_len: expected [lo, hi]"},
+           {"'task.train_len=[3,1000000]'", "task.train_len up to 1000000"},
+           {"training.batch_size=16777216", "training.batch_size 16777216"},
+           {"'task.eval_len=[500000,1000000]'", "task.eval_len up to 1000000"},
+           {"model.vocab_size=16777216", "parameters (model.hidden_size"},
+           {"model.hidden_size=65536 --set model.num_hidden_layers=1024 --set model.num_heads=1",
+            "parameters (model.hidden_size"}}) {
+    auto r = run_lrnn("train --config " + (dir / "c.yaml").string() + " --out " + (dir / "run").string() + " --set " +
+                      c.set);
+    expect_refused(r, c.expect, c.set);
+    EXPECT_NE(r.out.find((dir / "c.yaml").string()), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "run")) << c.set << ": nothing may be written";
+  }
+  unsetenv("LRNN_MEMORY_LIMIT_MB");
+}
