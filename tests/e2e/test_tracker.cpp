@@ -27,7 +27,7 @@
 //    number of ones. With beta = sigmoid ([0,1]) bit 1 gives beta = 1 and r <- v: the state
 //    forgets everything at every one, so it can only say "a one was seen".
 // 5. Readout: o = Dk^-1/2 S^T q = (q.k) r / 2 = r / 2, i.e. 0 (even) or v (odd). The per-head
-//    RMSNorm o_norm maps 0 to ~0 and v to the fixed vector w_h = v/rms(v); o_proj (row e_C) is
+//    RMSNorm o_norm maps 0 to ~0 and v to the fixed vector w_h = v/sqrt(mean(v^2) + eps); o_proj (row e_C) is
 //    m w_h / (H |w_h|^2) per head, so the layer adds m e_C for odd parity and ~0 for even.
 // 6. The MLP is switched off (gate, up and down projections all 0), so the final residual is
 //    h = c e_A ± a e_B + [odd] m e_C. model.norm rescales h by a positive factor (argmax is
@@ -37,13 +37,21 @@
 //    The answer token (parity + 1) wins by g r_f (r_f = model.norm's 1/rms(h)); pad never wins.
 //
 // fp32 error: q, k, v and beta are bitwise the same at every position of a given bit, so the
-// only approximate step is the state update. Its rounding errors land either along k, where the
-// -1 eigenvalue flips their sign but never amplifies them, or orthogonal to k (eigenvalue 1),
-// where q = k does not see them; they do not grow with T beyond a random walk of ~sqrt(T) eps.
-// At odd positions the margin is the ideal one to ~1e-6. At even positions r is ~1e-7 |v|
-// instead of exactly 0 and o_norm (eps 1e-6) scales that by up to 1/sqrt(eps) = 1000, so the
-// e_C write is ~1e-3 m instead of 0: measured, the even margin stays within 0.5% of the ideal
-// (bounded, no trend over the 10,000 steps).
+// only approximate step is the state update, and it drifts. The key is L2-normalised in fp32, so
+// |k|^2 = 1 + delta with delta a few ulps (here -1.6e-7), and the bit-1 update has the eigenvalue
+// 1 - beta |k|^2 = -(1 + 2 delta) along k instead of -1: two ones take r to
+// (1 + 2 delta)^2 r - 4 delta v, so the even-parity state is not 0 but ~ -2 delta n v after n ones:
+// a drift linear in T (~1e-3 |v| after 10,000 steps), not a random walk. (Measured with the delta
+// rule alone, in fp32 with and without fused multiply-adds.) The readout must not amplify it:
+// o_norm divides o by sqrt(mean(o^2) + eps), and with the default eps = 1e-6 a drift of 1e-3 is
+// already far above sqrt(eps), so o_norm blew it up to a full-size -w_h and the even margin lost
+// up to 95% of its ideal (max |margin - ideal| 0.60 and 0.96 on the two test rows, where the
+// bound is 0.13) in a build without FMA contraction (-O1, the sanitizer build); the FMA build's
+// delta happened to be small enough. So the tracker sets norm_eps = 0.1 (a model key; every norm
+// uses it and the construction and the ideal margins account for it): o_norm's gain on a near-zero
+// o is then at most 1/sqrt(0.1) ~ 3.2 and the drift moves the margin by 2.2e-4 (FMA build) and
+// 1.6e-2 (no FMA) of the ideal 6.5, inside the test's 2% bound by 8x. At odd positions r = 2v
+// (1 + O(delta T)) and the margin is the ideal one to ~1e-4.
 #include <gtest/gtest.h>
 #include <cmath>
 #include "tracker_util.h"
@@ -56,7 +64,7 @@ namespace {
 
 constexpr int kD = 8, kH = 2, kDh = 4, kMlp = 8;
 constexpr double kBetaLogit = 50.0;  // |b_proj x|: sigmoid saturates in fp32
-constexpr double kEps = 1e-6;        // norm_eps (the default)
+constexpr double kEps = 0.1;         // norm_eps: bounds o_norm's gain on the drift (see the top)
 
 // Per head: q/k pre-activations (positive, large: SiLU ~ identity) and v pre-activations.
 const double kKappa[kH][kDh] = {{10, 20, 15, 5}, {6, 12, 8, 18}};
@@ -102,7 +110,7 @@ std::unique_ptr<Model<float>> make_tracker(bool neg_eigval, bool short_conv) {
     // w_h: what o_norm makes of the odd-parity readout o ∝ v = SiLU(nu_h).
     double s[kDh], ss = 0;
     for (int i = 0; i < kDh; ++i) s[i] = silu(kNu[h][i]), ss += s[i] * s[i];
-    const double rms = std::sqrt(ss / kDh), w2 = ss / (rms * rms);  // |w_h|^2
+    const double rms = std::sqrt(ss / kDh + kEps), w2 = ss / (rms * rms);  // |w_h|^2
     for (int i = 0; i < kDh; ++i) {
       const int row = h * kDh + i;
       q[row * kD + kA] = k[row * kD + kA] = float(kKappa[h][i] / xA);
@@ -135,8 +143,8 @@ TEST_P(ParityTracker, NegativeEigenvaluesTrackParityExactlyFor10kSteps) {
   auto t0 = std::chrono::steady_clock::now();
   auto m = make_tracker(/*neg_eigval=*/true, conv);
   auto rows = test_rows();
-  // The margin is ideal to ~1e-6 at odd positions and within 0.5% at even ones (see the header):
-  // no drift beyond 1%, every margin within 2% of the ideal one (exact arithmetic).
+  // The margin is ideal to ~1e-4 at odd positions and within 0.3% at even ones, with or without
+  // FMA contraction (see the header): no drift beyond 1%, every margin within 2% of the ideal one.
   check_tracks_parity(forward_rows(*m, rows), rows, even_ideal(kD, kEps), odd_ideal(kD, kEps), /*drift=*/0.99,
                       /*dev=*/0.02, fmt::format("tracker conv={}", int(conv)));
   std::printf("[tracker] conv=%d: build + forward of %dx%d tokens in %.3f s\n", int(conv), int(rows.size()), kSteps,

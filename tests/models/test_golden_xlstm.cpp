@@ -14,8 +14,11 @@ const char* kFiles[] = {"golden_mlstm_conv.safetensors", "golden_mlstm_bias_noco
 // Double: the parameters after the AdamW steps to 1e-8. Float, against the yardstick of a plain
 // fp32 implementation: the PyTorch twin in float32 on the same cases reaches 6.1e-4 on a gradient
 // (mLSTM input-gate bias: the output is nearly invariant to the input gates' scale, so that
-// gradient is a cancellation) and 1.4e-3 on the parameters after five AdamW steps.
-constexpr golden::Tolerances kDouble{1e-10, 1e-9, 1e-8}, kFloat{1e-3, 2e-4, 1e-2};
+// gradient is a cancellation) and 1.4e-3 on the parameters after five AdamW steps. That gradient
+// is as sensitive to the exp's last bits as to the order of operations: lrnn reaches 1.25e-3 with
+// its vectorised float exp (mean error 0.2 ulp), 3.7e-4 with libm's expf, and reached 6.7e-4 with
+// an earlier, less accurate vectorised exp; so its bound is 2.5x the twin's, 1.5e-3.
+constexpr golden::Tolerances kDouble{1e-10, 1e-9, 1e-8}, kFloat{1.5e-3, 2e-4, 1e-2};
 
 class GoldenXLSTM : public ::testing::TestWithParam<const char*> {};
 TEST_P(GoldenXLSTM, Double) { golden::check_golden<double>(GetParam(), kDouble); }

@@ -314,17 +314,24 @@ TEST(SelectiveScan, FloatAgreesWithDoubleOverLongSignedScans) {
 }
 
 TEST(SelectiveScan, FloatSoftplusIsAccurate) {
-  // The vectorised float softplus (own log1p) against double, across the range Mamba sees. Below
-  // x = -10 softplus is ~exp(x), and fast_expf's relative error grows with |x| (~7e-7 at -40).
-  double worst_mid = 0, worst_deep = 0;
+  // The vectorised float softplus (own exp and log1p) against double, across the range Mamba sees,
+  // next to the straightforward float implementation (libm's log1pf(expf(x))): the tolerance rule
+  // is at most 2x its error. Measured on x86-64 with and without fused multiply-adds (release and
+  // debug builds): ours 1.73e-7 / 1.67e-7 (mid / below -10), libm 1.01e-7 to 1.11e-7 / 1.02e-7.
+  // (The exp before reduced in base 2 and reached 5.5e-7 here and 1.9e-6 below -10 without FMA.)
+  double worst_mid = 0, worst_deep = 0, plain_mid = 0, plain_deep = 0;
   for (int i = -4000; i <= 4000; ++i) {
-    const double x = double(float(i * 0.01));  // the float input, exactly
+    const float xf = float(i * 0.01);
+    const double x = double(xf);  // the float input, exactly
     const double ref = x > 20 ? x : std::log1p(std::exp(x));
-    const double err = std::abs(scan_softplus<float>(float(x)) - ref) / ref;
+    const double err = std::abs(scan_softplus<float>(xf) - ref) / ref;
+    const double plain = std::abs((xf > 20 ? xf : std::log1p(std::exp(xf))) - ref) / ref;  // float libm
     (x < -10 ? worst_deep : worst_mid) = std::max(x < -10 ? worst_deep : worst_mid, err);
+    (x < -10 ? plain_deep : plain_mid) = std::max(x < -10 ? plain_deep : plain_mid, plain);
   }
-  EXPECT_LT(worst_mid, 5e-7);  // a few float ulps (fast_expf ~1.2e-7, log1p, division)
-  EXPECT_LT(worst_deep, 1e-6);
+  const double floor = 1.0 / (1 << 24);  // half an ulp: libm may be exact on this grid
+  EXPECT_LE(worst_mid, 2 * std::max(plain_mid, floor)) << "libm float: " << plain_mid;
+  EXPECT_LE(worst_deep, 2 * std::max(plain_deep, floor)) << "libm float: " << plain_deep;
   EXPECT_EQ(scan_softplus<float>(50.0f), 50.0f);
   EXPECT_GT(scan_softplus<float>(-80.0f), 0.0f);
 }
