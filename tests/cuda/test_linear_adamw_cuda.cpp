@@ -121,6 +121,42 @@ TEST(AdamWCuda, StepsMatchCpuAndSkipNonFinite) {
   EXPECT_NEAR(st.loss_sum, 1.5 + 1.2 + 1.1, 1e-6);
 }
 
+// A step whose loss and gradient are finite but whose update would not be (a corrupt negative
+// second moment; a huge finite gradient whose square overflows) is skipped on the device too:
+// counted, nothing written, the counters of an applied step taken back.
+TEST(AdamWCuda, UpdateThatWouldNotBeFiniteIsSkipped) {
+  LRNN_REQUIRE_GPU();
+  const size_t P = 70001;
+  auto p = randn(P, 7), m = std::vector<float>(P, 0.f), v = std::vector<float>(P, 0.f);
+  std::vector<uint8_t> mask(P, 1);
+  const std::vector<float> lr_table = {1e-3f, 1e-3f, 1e-3f};
+  auto gp = to_device(p), gm = to_device(m), gv = to_device(v), glr = to_device(lr_table), gmask = to_device(mask);
+  ops::cuda::StepStats s0{};
+  cuda::Buffer<ops::cuda::StepStats> gs;
+  gs.upload(&s0, 1);
+  auto gloss = to_device(std::vector<float>{1.0f});
+  for (int step = 0; step < 3; ++step) {
+    auto g = randn(P, 40 + step, 0.05);
+    if (step == 0) v[P / 3] = -1.f;   // corrupt moment
+    if (step == 1) g[P / 2] = 1e30f;  // finite, but g^2 overflows
+    gv.upload(v);
+    auto gg = to_device(g);
+    ops::cuda::optimizer_prepare(gs.data(), gloss.data(), gg.data(), P, glr.data(), 3, 0.0);
+    ops::cuda::adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), gmask.data(), P, gs.data(), 0.9, 0.999, 1e-8,
+                            0.1);
+    auto st = gs.download()[0];
+    EXPECT_EQ(st.finite, step == 2 ? 1 : 0) << "step " << step;
+    EXPECT_EQ(st.skipped, step < 2 ? step + 1 : 2);
+    EXPECT_EQ(st.adam_step, step == 2 ? 1 : 0);
+    EXPECT_EQ(st.loss_n, step == 2 ? 1 : 0);
+    if (step < 2) {  // nothing written
+      EXPECT_TRUE(gp.download() == p);
+      EXPECT_TRUE(gm.download() == m);
+    }
+    if (step == 0) v[P / 3] = 0.f;
+  }
+}
+
 // out = inp W^T + res by cuBLASLt's epilogue against the CPU (linear_forward, then the add): fp32
 // GEMMs, TF32, an odd shape, misaligned pointers (another plan), and out == res (the fallback).
 TEST(LinearCuda, ResidualEpilogue) {
