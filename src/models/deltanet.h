@@ -1,4 +1,4 @@
-// DeltaNet language model, fla `DeltaNetForCausalLM` (SPEC §2): pre-norm blocks of
+// DeltaNet language model, fla `DeltaNetForCausalLM`: pre-norm blocks of
 //   h += o_proj(o_norm(DeltaRule(q, k, v, beta)))   with attn_norm before it,
 //   h += down(silu(gate(x)) * up(x))                with mlp_norm before it,
 // q, k, v = SiLU(ShortConv(W x)), q and k L2-normalised per head, beta = s * sigmoid(b_proj x),

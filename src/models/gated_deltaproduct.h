@@ -1,6 +1,6 @@
 // (Gated) DeltaProduct and Gated DeltaNet language models, fla `GatedDeltaProductForCausalLM`
 // (model_type "gated_deltaproduct") and `GatedDeltaNetForCausalLM` ("gated_deltanet"), on the
-// delta family's block (models/delta_lm.h; SPEC §2):
+// delta family's block (models/delta_lm.h):
 // - DeltaProduct: n_h = num_householder Householder sub-steps per token, each with its own k, v
 //   and beta (k_proj [n_h*H*Dk, d], "t (n h d)" layout), q read after the last one;
 //   optional forget gate (use_forget_gate: a_proj, A_log, dt_bias; log alpha =

@@ -1,5 +1,5 @@
 // Transformer baseline: a Llama-style decoder with HF `LlamaForCausalLM` names and semantics
-// (SPEC §2), so exported checkpoints load with transformers:
+// so exported checkpoints load with transformers:
 //   h = embed_tokens(x)
 //   per layer: h += o_proj(Attn(RoPE(q_proj x1), RoPE(k_proj x1), v_proj x1)), x1 = input_layernorm(h)
 //              h += down_proj(silu(gate_proj x2) * up_proj x2),              x2 = post_attention_layernorm(h)

@@ -1,4 +1,4 @@
-// Mamba (Mamba-1) language model, HF transformers `MambaForCausalLM` names (SPEC §2):
+// Mamba (Mamba-1) language model, HF transformers `MambaForCausalLM` names:
 //   h = embeddings(tokens)
 //   per layer:  h += mixer(RMSNorm(h))                         (backbone.layers.{i}.norm, .mixer)
 //   logits = lm_head(RMSNorm(h))                               (backbone.norm_f; lm_head untied)
@@ -24,7 +24,7 @@
 // No weight decay on norm weights, biases, A_log and D (mamba_ssm's `_no_weight_decay`).
 //
 // The network is written once (MambaCore, over models/backend.h's ops): Mamba<T> runs it on the
-// CPU reference ops, MambaDevice (models/device_model_cuda.cpp) on the CUDA ops.
+// CPU reference ops, the device model (CoreDevice, models/device_model_cuda.cpp) on the CUDA ops.
 #pragma once
 #include "io/schema.h"
 #include "models/core_frame.h"

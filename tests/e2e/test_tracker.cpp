@@ -1,4 +1,4 @@
-// Exact parity tracker (SPEC §5): hand-set weights, loaded into the real DeltaNet LM through its
+// Exact parity tracker: hand-set weights, loaded into the real DeltaNet LM through its
 // public parameter names, that make a 1-layer DeltaNet with eigenvalues in [-1,1]
 // (allow_neg_eigval: beta = 2*sigmoid) compute the parity of every prefix, exactly, for 10,000
 // steps in fp32 — in-process and through `lrnn predict`. The same weights with eigenvalues in

@@ -1,4 +1,4 @@
-// Exact group trackers (SPEC §5) in the real DeltaProduct LM: hand-set weights, loaded through
+// Exact group trackers in the real DeltaProduct LM: hand-set weights, loaded through
 // the model's public parameter names, make a one-layer `gated_deltaproduct` with eigenvalues in
 // [-1,1] compute the prefix product of a group word for 10,000 steps in fp32 — in-process and
 // through a run directory and `lrnn predict`:

@@ -1,4 +1,4 @@
-// Exact parity tracker for Mamba (SPEC §5): hand-set weights, loaded into the real Mamba LM
+// Exact parity tracker for Mamba: hand-set weights, loaded into the real Mamba LM
 // through its public (HF) parameter names, make a 1-layer Mamba with eigenvalues in [-1,1]
 // (allow_neg_eigval: abar = 2 exp(delta A) - 1) compute the parity of every prefix, exactly, for
 // 10,000 steps in fp32 — in-process and through a checkpoint read by `lrnn predict`. The same
