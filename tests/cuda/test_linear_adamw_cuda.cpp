@@ -130,7 +130,8 @@ TEST(AdamWCuda, UpdateThatWouldNotBeFiniteIsSkipped) {
   auto p = randn(P, 7), m = std::vector<float>(P, 0.f), v = std::vector<float>(P, 0.f);
   std::vector<uint8_t> mask(P, 1);
   const std::vector<float> lr_table = {1e-3f, 1e-3f, 1e-3f};
-  auto gp = to_device(p), gm = to_device(m), gv = to_device(v), glr = to_device(lr_table), gmask = to_device(mask);
+  auto gp = to_device(p), gm = to_device(m), gv = to_device(v), glr = to_device(lr_table);
+  auto gmask = to_device(mask);
   ops::cuda::StepStats s0{};
   cuda::Buffer<ops::cuda::StepStats> gs;
   gs.upload(&s0, 1);
