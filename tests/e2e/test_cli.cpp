@@ -8,29 +8,7 @@
 using namespace lrnn::test;
 namespace fs = std::filesystem;
 
-static const char* kTiny = R"(training:
-  num_steps: 24
-  batch_size: 8
-  lr: 3.0e-3
-  warmup_steps: 4
-  checkpoint_every: 4
-  seed: 3
-model:
-  model_type: delta_net
-  hidden_size: 16
-  num_hidden_layers: 1
-  num_heads: 2
-  intermediate_size: 32
-  allow_neg_eigval: true
-task:
-  name: parity
-  train_len: [3, 12]
-  eval_len: [12, 16]
-  eval_samples: 20
-logging:
-  log_every: 1
-  progress: none
-)";
+static const char* kTiny = kTinyConfig;
 
 static std::vector<nlohmann::json> train_lines(const fs::path& run) {
   std::vector<nlohmann::json> v;

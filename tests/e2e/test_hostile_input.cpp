@@ -19,38 +19,14 @@
 #include "cli_util.h"
 #include "io/safetensors.h"
 
-extern char** environ;
-
 using namespace lrnn;
 using namespace lrnn::test;
 namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(training:
-  num_steps: 300
-  batch_size: 8
-  lr: 3.0e-3
-  warmup_steps: 4
-  checkpoint_every: 4
-  seed: 3
-  num_threads: 1
-model:
-  model_type: delta_net
-  hidden_size: 16
-  num_hidden_layers: 1
-  num_heads: 2
-  intermediate_size: 32
-  allow_neg_eigval: true
-task:
-  name: parity
-  train_len: [3, 12]
-  eval_len: [12, 16]
-  eval_samples: 20
-logging:
-  log_every: 1
-  progress: none
-)";
+// kTinyConfig run longer on one worker (the tests tamper with its step-4 checkpoint).
+const std::string kTiny = tiny_config({"training.num_steps=300", "training.num_threads=1"});
 
 // A run killed after step 6: its checkpoint (step 4) is what the tests tamper with.
 fs::path killed_run(const std::string& name) {
@@ -217,19 +193,11 @@ TEST(HostileInput, OneTrainerPerRunDirectoryAndNoStaleTemporaries) {
   write_text(run / "notes.tmp.txt", "not ours");
   // A long run holds its directory...
   const std::string log = (dir / "log.txt").string();
-  std::vector<std::string> args{LRNN_BINARY, "train", "--config", (dir / "c.yaml").string(), "--out",
-                                (dir / "long").string(), "--set", "training.num_steps=4000000", "--set",
-                                "training.checkpoint_every=0"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  Child child({"train", "--config", (dir / "c.yaml").string(), "--out", (dir / "long").string(), "--set",
+               "training.num_steps=4000000", "--set", "training.checkpoint_every=0"},
+              log);
+  const pid_t pid = child.pid;
+  ASSERT_GT(pid, 0);
   bool started = false;
   for (int i = 0; i < 3000 && !started; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -241,8 +209,7 @@ TEST(HostileInput, OneTrainerPerRunDirectoryAndNoStaleTemporaries) {
   expect_refused(second, "another lrnn process (pid " + std::to_string(pid) + ") is training in this directory",
                  "second trainer");
   kill(pid, SIGKILL);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  child.wait_status();
 
   // The stale temporaries go when the next trainer takes the directory; other files stay.
   ASSERT_EQ(run_lrnn("train --resume " + run.string()).code, 0);

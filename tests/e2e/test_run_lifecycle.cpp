@@ -13,40 +13,16 @@
 #include <nlohmann/json.hpp>
 #include "cli_util.h"
 
-extern char** environ;
-
 using namespace lrnn::test;
 namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(training:
-  num_steps: 3000
-  batch_size: 8
-  lr: 3.0e-3
-  min_lr: 1.0e-5
-  warmup_steps: 4
-  adam_eps: 1e-8
-  checkpoint_every: 1000
-  seed: 3
-  num_threads: 1
-model:
-  model_type: delta_net
-  hidden_size: 16
-  num_hidden_layers: 1
-  num_heads: 2
-  intermediate_size: 32
-  initializer_range: 0.03
-  allow_neg_eigval: true
-task:
-  name: parity
-  train_len: [3, 12]
-  eval_len: [12, 16]
-  eval_samples: 20
-logging:
-  log_every: 1
-  progress: none
-)";
+// kTinyConfig, long (so a signal lands mid-run) on one worker, with numbers spelled as a user
+// would (the config.yaml test reads them back).
+const std::string kTiny =
+    tiny_config({"training.num_steps=3000", "training.min_lr=1.0e-5", "training.adam_eps=1e-8",
+                 "training.checkpoint_every=1000", "training.num_threads=1", "model.initializer_range=0.03"});
 
 std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
   std::vector<nlohmann::json> v;
@@ -58,39 +34,6 @@ std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& typ
   }
   return v;
 }
-
-// `lrnn args...` as a child process (stdout and stderr into `log`), for tests that signal it.
-struct Child {
-  pid_t pid = -1;
-  Child(const std::vector<std::string>& args, const fs::path& log) {
-    std::vector<std::string> all{LRNN_BINARY};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    // The child must get SIGINT's default disposition even if this test runs in the background.
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    sigset_t def;
-    sigemptyset(&def);
-    sigaddset(&def, SIGINT);
-    sigaddset(&def, SIGTERM);
-    posix_spawnattr_setsigdefault(&at, &def);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF);
-    if (posix_spawn(&pid, argv[0], &fa, &at, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-  }
-  int wait_status() {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return st;
-  }
-};
 
 // Waits until the run has logged at least `n` training lines (or `seconds` pass).
 bool wait_for_steps(const fs::path& run, size_t n, double seconds) {

@@ -24,29 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(training:
-  num_steps: 24
-  batch_size: 8
-  lr: 3.0e-3
-  warmup_steps: 4
-  checkpoint_every: 4
-  seed: 0
-model:
-  model_type: delta_net
-  hidden_size: 16
-  num_hidden_layers: 1
-  num_heads: 2
-  intermediate_size: 32
-  allow_neg_eigval: true
-task:
-  name: parity
-  train_len: [3, 12]
-  eval_len: [12, 16]
-  eval_samples: 64
-logging:
-  log_every: 1
-  progress: none
-)";
+const std::string kTiny = tiny_config({"training.seed=0", "task.eval_samples=64"});
 
 // Two configs in `dir`: a.yaml (DeltaNet [-1,1]) and b.yaml (DeltaNet [0,1]).
 void write_configs(const fs::path& dir) {
