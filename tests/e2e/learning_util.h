@@ -5,9 +5,10 @@
 // Another CPU (AVX2 or AVX-512, Intel or AMD) makes OpenBLAS pick other kernels and the compiler
 // other instructions; the sums round differently and the trajectories part after a few hundred
 // steps. So whether seed 3 succeeds is a coin we cannot fix; what holds on every machine is the
-// rate. Each recipe's rate was measured over >= 20 (seed, summation order) pairs: seeds 0-9 with
-// OpenBLAS's own kernels for this CPU and two data-parallel workers, and seeds 0-9 with
-// OPENBLAS_CORETYPE=Haswell (AVX2 kernels) and one worker (docs/RESULTS.md, "Learning tests").
+// rate. Each recipe's rate was measured over >= 20 (seed, summation order) pairs from up to three
+// orders: OpenBLAS's own kernels for an AMD Zen 4 CPU and two data-parallel workers,
+// OPENBLAS_CORETYPE=Haswell (AVX2 kernels) and one worker, and an Intel Xeon running an x86-64-v3
+// build with one worker (docs/RESULTS.md, "Learning tests").
 // Treating each run as an independent draw with that rate, `false_failure` is the chance that a
 // correct build fails the assertion; every test prints it and states it next to its assertion.
 #pragma once

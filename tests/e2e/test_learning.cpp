@@ -25,16 +25,18 @@ logging: {log_every: 100}
 
 }  // namespace
 
-// Measured: 45 of 50 runs reach scaled accuracy >= 0.99 on 40-256 (seeds 0-19 with this CPU's
-// OpenBLAS kernels, 0-19 with Haswell kernels and one worker, 0-9 with SkylakeX kernels). Needing
-// 2 of 5: P(false failure) = 4.6e-4 at rate 0.90, 6.6e-3 at its one-sided 95% lower bound 0.80.
+// Measured: 47 of 74 runs reach scaled accuracy >= 0.99 on 40-256 (seeds 0-19 with this CPU's
+// OpenBLAS kernels and two workers, 0-23 with Haswell kernels and one worker, 0-29 on an Intel
+// Xeon with an x86-64-v3 build and one worker); nearly all others fit 3-40 and fall to 0.6-0.95
+// beyond ~100 tokens. Needing 2 of 10: P(false failure) = 7.7e-4 at rate 0.64, 6.5e-3 at its
+// one-sided 95% lower bound 0.53.
 TEST(Learning, NegativeEigenvaluesSolveParity) {
-  int ok = successes_among_seeds(recipe(true), "DeltaNet [-1,1]", 2, 5, 0.90,
+  int ok = successes_among_seeds(recipe(true), "DeltaNet [-1,1]", 2, 10, 0.64,
                                  [](const SeedRun& r) { return r.test >= 0.99; });
   EXPECT_GE(ok, 2);
 }
 
-// Measured: 0 of 20 runs above 0.05 (the largest 0.041); the bound 0.2 leaves room for any CPU.
+// Measured: 0 of 10 runs above 0.05 (the largest 0.041); the bound 0.2 leaves room for any CPU.
 TEST(Learning, UnitRangeDoesNotSolveParityWithTheSameBudget) {
   for (const SeedRun& r : all_seeds(recipe(false), "DeltaNet [0,1]", 3)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
 }

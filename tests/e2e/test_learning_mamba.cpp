@@ -27,17 +27,17 @@ logging: {log_every: 100}
 
 }  // namespace
 
-// Measured: 26 of 30 runs reach scaled accuracy >= 0.9 on 40-256 (seeds 0-19 with this CPU's
-// kernels and two workers, 0-9 with Haswell kernels and one worker; the others stay near chance).
-// Needing 2 of 6: P(false failure) = 2.2e-4 at rate 0.87, 7.9e-3 at its one-sided 95% lower bound
-// 0.72.
+// Measured: 34 of 50 runs reach scaled accuracy >= 0.9 on 40-256 (seeds 0-9 with this CPU's
+// kernels and two workers, 0-9 with Haswell kernels and one worker, 0-29 on an Intel Xeon with an
+// x86-64-v3 build and one worker; the others stay near chance). Needing 2 of 10: P(false failure)
+// = 2.5e-4 at rate 0.68, 3.7e-3 at its one-sided 95% lower bound 0.56.
 TEST(LearningMamba, NegativeEigenvaluesSolveParity) {
-  int ok = successes_among_seeds(recipe(true), "Mamba [-1,1]", 2, 6, 0.87,
+  int ok = successes_among_seeds(recipe(true), "Mamba [-1,1]", 2, 10, 0.68,
                                  [](const SeedRun& r) { return r.test >= 0.9; });
   EXPECT_GE(ok, 2);
 }
 
-// Measured: 0 of 10 runs above 0.025 (and 0 of 20 at d_model 32).
+// Measured: 0 of 10 runs above 0.03 (the largest 0.027; and 0 of 20 at d_model 32).
 TEST(LearningMamba, UnitRangeDoesNotSolveParityWithTheSameBudget) {
   for (const SeedRun& r : all_seeds(recipe(false), "Mamba [0,1]", 3)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
 }
