@@ -28,7 +28,7 @@ logging: {log_every: 100}
 // Measured: 47 of 74 runs reach scaled accuracy >= 0.99 on 40-256 (seeds 0-19 with this CPU's
 // OpenBLAS kernels and two workers, 0-23 with Haswell kernels and one worker, 0-29 on an Intel
 // Xeon with an x86-64-v3 build and one worker); nearly all others fit 3-40 and fall to 0.6-0.95
-// beyond ~100 tokens. Needing 2 of 10: P(false failure) = 7.7e-4 at rate 0.64, 6.5e-3 at its
+// beyond ~100 tokens. Needing 2 of 10: P(false failure) = 6.9e-4 at rate 0.64, 6.5e-3 at its
 // one-sided 95% lower bound 0.53.
 TEST(Learning, NegativeEigenvaluesSolveParity) {
   int ok = successes_among_seeds(recipe(true), "DeltaNet [-1,1]", 2, 10, 0.64,

@@ -44,7 +44,7 @@ TEST(LearningBaselines, LstmSolvesParityAndExtrapolates) {
 // Measured over 26 runs (seeds 0-9 with this CPU's kernels, 0-15 on an Intel Xeon with an
 // x86-64-v3 build and one worker): 21 fit 3-12 to scaled accuracy >= 0.75 (the rest stall below);
 // every run stays below 0.05 on 40-256. Needing 1 fit among up to 5 seeds: P(false failure) =
-// 2.6e-4 at rate 0.81, 6.0e-3 at its one-sided 95% lower bound 0.64; every seed that ran must
+// 2.5e-4 at rate 0.81, 6.0e-3 at its one-sided 95% lower bound 0.64; every seed that ran must
 // stay below 0.2 on 40-256.
 TEST(LearningBaselines, TransformerFitsTrainingLengthsButDoesNotExtrapolate) {
   std::vector<SeedRun> runs;
