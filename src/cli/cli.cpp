@@ -1,5 +1,6 @@
-// The `lrnn` command line: train, eval, data, predict, sweep.
+// The `lrnn` command line: train, eval, data, predict, sweep; tokenizer, tokenize, shards (language-model data).
 #include "cli/cli.h"
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -9,9 +10,13 @@
 #include <CLI/CLI.hpp>
 #include "core/check.h"
 #include "core/version.h"
+#include "data/shards.h"
+#include "data/tokenize.h"
+#include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
+#include "train/provenance.h"
 #include "train/sweep.h"
 #include "train/trainer.h"
 
@@ -255,6 +260,112 @@ int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_
   return res.failed > 0 ? 1 : 0;
 }
 
+// Language-model data (docs/DATA.md): options shared by `tokenizer train` and `tokenize`.
+struct CorpusFlags {
+  std::string text_unit = "file", jsonl_field = "text";
+  data::CorpusOptions options() const {
+    data::CorpusOptions o;
+    o.text_unit = data::parse_text_unit(text_unit);
+    if (jsonl_field.empty()) LRNN_USER_ERROR("--jsonl-field: give the name of the text field");
+    o.jsonl_field = jsonl_field;
+    return o;
+  }
+};
+
+std::vector<fs::path> as_paths(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
+
+int cmd_tokenizer_train(const std::vector<std::string>& inputs, data::TokenizerTrainOptions opt, const CorpusFlags& cf,
+                        const std::string& out) {
+  opt.corpus = cf.options();
+  if (out.empty()) LRNN_USER_ERROR("tokenizer train: --out FILE.model is required");
+  if (fs::is_directory(out)) LRNN_USER_ERROR("{}: a directory; --out names the .model file to write", out);
+  for (auto& in : inputs)
+    if (!fs::exists(in)) LRNN_USER_ERROR("{}: no such input file", in);
+  data::TokenizerTrainResult r = data::train_tokenizer(as_paths(inputs), opt);
+  io::write_file_atomic(out, r.model);
+  data::Tokenizer tok = data::Tokenizer::from_bytes(r.model, out);
+  std::fprintf(stderr, "tokenizer train: %llu documents, %llu lines (%llu used) -> %s\n",
+               (unsigned long long)r.documents, (unsigned long long)r.lines, (unsigned long long)r.lines_used,
+               out.c_str());
+  std::printf("%s\n", nlohmann::json{{"tokenizer", out}, {"vocab_size", tok.vocab_size()}, {"sha256", tok.sha256()},
+                                     {"bos_id", tok.bos_id()}, {"eos_id", tok.eos_id()}, {"pad_id", tok.pad_id()},
+                                     {"unk_id", tok.unk_id()}}
+                          .dump().c_str());
+  return 0;
+}
+
+int cmd_tokenizer_info(const std::string& model) {
+  data::Tokenizer tok = data::Tokenizer::load(model);
+  std::printf("%s\n", nlohmann::json{{"tokenizer", model}, {"vocab_size", tok.vocab_size()}, {"sha256", tok.sha256()},
+                                     {"bos_id", tok.bos_id()}, {"eos_id", tok.eos_id()}, {"pad_id", tok.pad_id()},
+                                     {"unk_id", tok.unk_id()}}
+                          .dump().c_str());
+  return 0;
+}
+
+int cmd_tokenizer_encode(const std::string& model, const std::string& text, bool pieces) {
+  if (size_t bad = data::find_invalid_utf8(text); bad != std::string::npos)
+    LRNN_USER_ERROR("tokenizer encode: --text is not valid UTF-8 at byte {}", bad);
+  data::Tokenizer tok = data::Tokenizer::load(model);
+  std::vector<int32_t> ids = tok.encode(text);
+  nlohmann::json out = {{"ids", ids}};
+  if (pieces) {
+    std::vector<std::string> p;
+    for (int32_t id : ids) p.push_back(tok.piece(id));
+    out["pieces"] = p;
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+int cmd_tokenizer_decode(const std::string& model, const std::string& ids_text) {
+  data::Tokenizer tok = data::Tokenizer::load(model);
+  std::vector<int32_t> ids;
+  std::istringstream in(ids_text);
+  std::string w;
+  while (in >> w) {
+    char* end = nullptr;
+    errno = 0;
+    long long x = std::strtoll(w.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || x < 0 || x >= tok.vocab_size())
+      LRNN_USER_ERROR("tokenizer decode: --ids: '{}' is not a token id in [0, {})", w, tok.vocab_size());
+    ids.push_back(int32_t(x));
+  }
+  std::printf("%s\n", nlohmann::json{{"text", tok.decode(ids)}}.dump().c_str());
+  return 0;
+}
+
+int cmd_tokenize(data::TokenizeOptions opt, const std::vector<std::string>& inputs, const CorpusFlags& cf) {
+  opt.inputs = as_paths(inputs);
+  opt.corpus = cf.options();
+  std::string cmd;
+  for (const auto& a : command_line()) cmd += (cmd.empty() ? "" : " ") + a;
+  opt.command = cmd;
+  nlohmann::json idx = data::tokenize_corpus(opt);
+  nlohmann::json out = {{"out", opt.out.string()}, {"documents", idx["documents"]},
+                        {"train_tokens", idx["splits"]["train"]["tokens"]}};
+  if (idx["splits"].contains("val")) out["val_tokens"] = idx["splits"]["val"]["tokens"];
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// `lrnn shards --dir DIR`: every shard of both splits read back with the full check.
+int cmd_shards(const std::string& dir) {
+  nlohmann::json idx = data::read_index(dir);
+  nlohmann::json out = {{"dir", dir}, {"tokenizer_sha256", idx["tokenizer"]["sha256"]},
+                        {"vocab_size", idx["tokenizer"]["vocab_size"]}};
+  for (const char* split : {"train", "val"}) {
+    if (!idx["splits"].contains(split)) continue;
+    data::TokenStream ts = data::TokenStream::open(dir, split, data::Verify::Full);
+    uint64_t docs = 0;
+    for (const auto& s : ts.shards()) docs += s.header().num_documents;
+    out[split] = {{"shards", ts.shards().size()}, {"tokens", ts.size()}, {"documents", docs}};
+  }
+  if (!out.contains("train")) LRNN_USER_ERROR("{}/index.json: no train split", dir);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -317,6 +428,62 @@ int run(int argc, char** argv) {
   sweep->add_flag("--report", report, "only aggregate finished runs into results.md and results.csv");
   sweep->add_flag("--force", force, "retrain runs whose saved config differs from the grid");
 
+  // Language-model data: docs/DATA.md.
+  std::vector<std::string> lm_inputs;
+  CorpusFlags corpus_flags;
+  std::string tok_model, tok_out, tok_text, tok_ids;
+  bool tok_pieces = false;
+  data::TokenizerTrainOptions tok_opt;
+  auto* tokenizer = app.add_subcommand("tokenizer", "SentencePiece tokenizers: train one, inspect, encode, decode");
+  tokenizer->require_subcommand(1);
+  auto add_corpus_flags = [&](CLI::App* c) {
+    c->add_option("--text-unit", corpus_flags.text_unit,
+                  "documents of a plain-text file: the whole file, or blocks between blank lines")
+        ->check(CLI::IsMember({"file", "blank-line"}))->capture_default_str();
+    c->add_option("--jsonl-field", corpus_flags.jsonl_field, "the text field of *.jsonl lines")->capture_default_str();
+  };
+  auto* tok_train = tokenizer->add_subcommand("train", "train a SentencePiece model on text files (deterministic)");
+  tok_train->add_option("--input", lm_inputs, "text files (*.jsonl: JSON lines with a text field)")->required();
+  tok_train->add_option("--vocab-size", tok_opt.vocab_size, "vocabulary size")->required()->check(CLI::Range(261, 1 << 24));
+  tok_train->add_option("--out", tok_out, "the .model file to write")->required();
+  tok_train->add_option("--model-type", tok_opt.model_type, "bpe or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}))->capture_default_str();
+  tok_train->add_option("--character-coverage", tok_opt.character_coverage,
+                        "share of characters with pieces of their own; the rest fall back to bytes")->capture_default_str();
+  tok_train->add_option("--seed", tok_opt.seed, "picks the lines when there are more than --max-sentences")->capture_default_str();
+  tok_train->add_option("--max-sentences", tok_opt.max_sentences, "lines to train on at most (0 = all)")->capture_default_str();
+  tok_train->add_option("--threads", tok_opt.threads, "SentencePiece threads (the model depends on it for unigram)")
+      ->capture_default_str()->check(CLI::Range(1, 128));
+  add_corpus_flags(tok_train);
+  auto* tok_info = tokenizer->add_subcommand("info", "vocabulary size, special ids and sha256 of a .model file");
+  tok_info->add_option("--tokenizer", tok_model, "SentencePiece .model file")->required();
+  auto* tok_encode = tokenizer->add_subcommand("encode", "token ids of a text");
+  tok_encode->add_option("--tokenizer", tok_model, "SentencePiece .model file")->required();
+  tok_encode->add_option("--text", tok_text, "the text")->required();
+  tok_encode->add_flag("--pieces", tok_pieces, "also print the pieces");
+  auto* tok_decode = tokenizer->add_subcommand("decode", "text of token ids");
+  tok_decode->add_option("--tokenizer", tok_model, "SentencePiece .model file")->required();
+  tok_decode->add_option("--ids", tok_ids, "space-separated token ids")->required();
+
+  data::TokenizeOptions tz;
+  std::string tz_tokenizer, tz_out;
+  auto* tokenize = app.add_subcommand("tokenize", "text files -> token shards for language modelling (docs/DATA.md)");
+  tokenize->add_option("--tokenizer", tz_tokenizer, "SentencePiece .model file")->required();
+  tokenize->add_option("--input", lm_inputs, "text files (*.jsonl: JSON lines with a text field)")->required();
+  tokenize->add_option("--out", tz_out, "directory for the shards and index.json")->required();
+  tokenize->add_option("--val-fraction", tz.val_fraction, "share of documents held out for validation (whole documents)")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.5));
+  tokenize->add_option("--seed", tz.seed, "picks the validation documents")->capture_default_str();
+  tokenize->add_option("--shard-tokens", tz.shard_tokens, "tokens per shard file")
+      ->capture_default_str()->check(CLI::Range(uint64_t(1), data::kMaxShardTokens));
+  tokenize->add_option("--threads", tz.threads, "documents encoded at once (0 = all cores; the output is the same)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
+  tokenize->add_flag("--force", tz.force, "replace the tokenized corpus in --out");
+  add_corpus_flags(tokenize);
+  std::string shards_dir;
+  auto* shards = app.add_subcommand("shards", "check a tokenized directory: read every shard back (docs/DATA.md)");
+  shards->add_option("--dir", shards_dir, "the --out DIR of lrnn tokenize or tools/parquet_to_shards.py")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -331,6 +498,16 @@ int run(int argc, char** argv) {
     if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
+    if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);
+    if (*tok_info) return cmd_tokenizer_info(tok_model);
+    if (*tok_encode) return cmd_tokenizer_encode(tok_model, tok_text, tok_pieces);
+    if (*tok_decode) return cmd_tokenizer_decode(tok_model, tok_ids);
+    if (*tokenize) {
+      tz.tokenizer = tz_tokenizer;
+      tz.out = tz_out;
+      return cmd_tokenize(tz, lm_inputs, corpus_flags);
+    }
+    if (*shards) return cmd_shards(shards_dir);
   } catch (const UserError& e) {
     std::fprintf(stderr, "lrnn: error: %s\n", e.what());
     return 2;
