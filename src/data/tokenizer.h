@@ -64,7 +64,8 @@ struct TokenizerTrainOptions {
   uint64_t seed = 0;                       // picks the lines when there are more than max_sentences
   uint64_t max_sentences = 2000000;        // lines SentencePiece trains on (0 = all)
   int max_sentence_bytes = 16384;          // longer lines are skipped by SentencePiece
-  int threads = 1;                         // SentencePiece's threads (unigram's sums depend on it)
+  int threads = 1;                         // SentencePiece's threads (recorded in the model file;
+                                           // unigram's scores depend on it)
   CorpusOptions corpus;
 };
 
