@@ -1,6 +1,7 @@
 // The `lrnn` command line: train, eval, data, predict, sweep; tokenizer, tokenize, shards (language-model data).
 #include "cli/cli.h"
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +62,21 @@ struct EvalRow {
 // the evaluation lengths in up to eight bins (Answer tasks: the metric over each bin's samples;
 // Prefix tasks: sequence accuracy up to the bin's last length). The full numbers are in the JSON.
 std::string eval_table(const nlohmann::json& e) {
+  if (e.value("metric", "") == "val_loss") {  // lm: the loss over the window, and by position in up to 8 bins
+    std::string out = fmt::format("{:<16}{:>10}{:>12}\n", "positions", "loss", "perplexity");
+    const auto& curve = e["loss_by_position"];
+    const size_t T = curve.size(), bins = std::min<size_t>(8, T);
+    out += fmt::format("{:<16}{:>10.4f}{:>12.3f}  ({} tokens, {} windows)\n", fmt::format("0-{}", T - 1),
+                       double(e["val_loss"]), double(e["perplexity"]), int64_t(e["tokens"]), int64_t(e["windows"]));
+    for (size_t b = 0; bins > 1 && b < bins; ++b) {
+      size_t lo = b * T / bins, hi = (b + 1) * T / bins;
+      double sum = 0;
+      for (size_t i = lo; i < hi; ++i) sum += double(curve[i]);
+      const double mean = sum / double(hi - lo);
+      out += fmt::format("{:<16}{:>10.4f}{:>12.3f}\n", fmt::format("  {}-{}", lo, hi - 1), mean, std::exp(mean));
+    }
+    return out;
+  }
   const bool prefix = e.value("metric", "") == "sequence_accuracy_up_to_length";
   const char* metric = prefix ? "seq. acc." : "scaled";
   std::vector<EvalRow> rows;
@@ -139,9 +155,10 @@ int cmd_train(const std::string& config, std::vector<std::string> sets, std::str
   std::fprintf(stderr, "done: %lld steps (%lld skipped) in %.1f s, final loss %.4f\n", (long long)s.steps,
                (long long)s.skipped, s.seconds, s.final_loss);
   std::fprintf(stderr, "%s", eval_table(s.eval).c_str());
-  std::printf("%s\n", nlohmann::json{{"run", opt.out_dir.string()}, {"steps", s.steps}, {"seconds", s.seconds},
-                                     {"accuracy", s.eval["accuracy"]}, {"scaled_accuracy", s.eval["scaled_accuracy"]}}
-                          .dump().c_str());
+  nlohmann::json summary = {{"run", opt.out_dir.string()}, {"steps", s.steps}, {"seconds", s.seconds}};
+  for (const char* k : {"accuracy", "scaled_accuracy", "val_loss", "perplexity"})
+    if (s.eval.contains(k)) summary[k] = s.eval[k];
+  std::printf("%s\n", summary.dump().c_str());
   return 0;
 }
 
@@ -155,7 +172,8 @@ int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const
   // Next to the run's own eval.json, named after the lengths, so evaluations at other lengths
   // never overwrite each other or the training's result.
   const auto& t = r.cfg.task;
-  fs::path file = fs::path(run) / fmt::format("eval_{}-{}.json", t.eval_len[0], t.eval_len[1]);
+  fs::path file = fs::path(run) / (t.name == "lm" ? fmt::format("eval_context{}.json", task_input_lengths(t)[1])
+                                                  : fmt::format("eval_{}-{}.json", t.eval_len[0], t.eval_len[1]));
   io::write_file_atomic(file, e.dump(2) + "\n");
   if (json) {
     std::printf("%s\n", e.dump().c_str());

@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "tasks/cycle_navigation.h"
 #include "tasks/even_pairs.h"
+#include "tasks/lm.h"
 #include "tasks/modular_arithmetic.h"
 #include "tasks/modular_arithmetic_brackets.h"
 #include "tasks/parity.h"
@@ -30,6 +31,16 @@ const OptionalKey kOptionalKeys[] = {
     {"max_moved", "word_problem", [](const TaskConfig& c) { return c.max_moved != kDefaults.max_moved; }},
     {"tokens_per_element", "word_problem",
      [](const TaskConfig& c) { return c.tokens_per_element != kDefaults.tokens_per_element; }},
+    {"data", "lm", [](const TaskConfig& c) { return c.data != kDefaults.data; }},
+    {"context", "lm", [](const TaskConfig& c) { return c.context != kDefaults.context; }},
+    {"eval_context", "lm", [](const TaskConfig& c) { return c.eval_context != kDefaults.eval_context; }},
+    {"eval_tokens", "lm", [](const TaskConfig& c) { return c.eval_tokens != kDefaults.eval_tokens; }},
+};
+// Keys of the synthetic tasks that the lm task has no use for (it has context and eval_tokens).
+const OptionalKey kSyntheticKeys[] = {
+    {"train_len", "lm", [](const TaskConfig& c) { return c.train_len != kDefaults.train_len; }},
+    {"eval_len", "lm", [](const TaskConfig& c) { return c.eval_len != kDefaults.eval_len; }},
+    {"eval_samples", "lm", [](const TaskConfig& c) { return c.eval_samples != kDefaults.eval_samples; }},
 };
 
 // The task table: one row per task.
@@ -47,6 +58,7 @@ const TaskEntry kTasks[] = {
     {"cycle_navigation",
      [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<CycleNavigationTask>(c.cycle_length); }},
     {"word_problem", [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<WordProblemTask>(c); }},
+    {"lm", [](const TaskConfig& c) -> std::unique_ptr<Task> { return std::make_unique<LmTask>(c); }},
 };
 
 }  // namespace
@@ -65,7 +77,13 @@ void TaskConfig::describe(io::Schema& s) {
       .add("only_swaps", &only_swaps, "word_problem: input elements are transpositions only (S<n>)")
       .add("max_moved", &max_moved, "word_problem: input elements move at most this many points (0 = any)", 0, 64)
       .add("tokens_per_element", &tokens_per_element,
-           "word_problem: tokens per element (the element, then filler tokens); lengths count tokens", 1, 64);
+           "word_problem: tokens per element (the element, then filler tokens); lengths count tokens", 1, 64)
+      .add("data", &data, "lm: directory of a tokenized corpus (lrnn tokenize --out DIR)")
+      .add("context", &context, "lm: tokens per training window", 1, kMaxSequenceLength)
+      .add("eval_context", &eval_context, "lm: tokens per evaluation window (0 = context; longer measures extrapolation)",
+           0, kMaxSequenceLength)
+      .add("eval_tokens", &eval_tokens, "lm: evaluate on at most this many validation tokens (0 = the whole split)",
+           int64_t(0), int64_t(1) << 40);
 }
 
 std::vector<int> Task::lengths(std::array<int, 2> r) const {
@@ -119,11 +137,21 @@ std::unique_ptr<Task> create_task(const TaskConfig& cfg) {
   for (auto& k : kOptionalKeys)
     if (k.is_set(cfg) && cfg.name != k.task)
       LRNN_USER_ERROR("task.{}: applies to task {} only, not to {}", k.key, k.task, cfg.name);
+  if (cfg.name == "lm")
+    for (auto& k : kSyntheticKeys)
+      if (k.is_set(cfg))
+        LRNN_USER_ERROR("task.{}: the lm task does not use it (its windows are task.context tokens long; evaluation "
+                        "reads task.eval_tokens of the validation split)", k.key);
   std::unique_ptr<Task> task = row->make(cfg);
   for (auto [key, range] : {std::pair{"train_len", cfg.train_len}, std::pair{"eval_len", cfg.eval_len}})
     if (task->lengths(range).empty())
       LRNN_USER_ERROR("task.{}: task {} has no sequence length in [{}, {}]", key, cfg.name, range[0], range[1]);
   return task;
+}
+
+std::array<int, 2> task_input_lengths(const TaskConfig& cfg) {
+  if (cfg.name == "lm") return {cfg.context, cfg.eval_context ? cfg.eval_context : cfg.context};
+  return {cfg.train_len[1] + 1, cfg.eval_len[1] + 1};
 }
 
 }  // namespace lrnn

@@ -33,6 +33,11 @@ struct TaskConfig {
   bool only_swaps = false;                 // inputs are transpositions only (P1 S5 study)
   int max_moved = 0;                       // inputs move at most this many points (0: any)
   int tokens_per_element = 1;              // each element followed by k-1 filler tokens (P1)
+  // lm (tasks/lm.h)
+  std::string data;                        // a tokenized corpus (lrnn tokenize --out DIR)
+  int context = 512;                       // tokens per training window
+  int eval_context = 0;                    // tokens per evaluation window (0: context)
+  int64_t eval_tokens = 0;                 // evaluate on at most this many val tokens (0: all)
   void describe(io::Schema& s);
 };
 
@@ -50,7 +55,8 @@ struct Batch {
 // How a task's samples are scored (train/evaluate.h). Answer: one supervised answer per sample,
 // accuracy per length. Prefix: a label at (nearly) every position; sequence accuracy up to each
 // length t, from samples of the longest evaluation length.
-enum class EvalKind { Answer, Prefix };
+// Lm: next-token cross-entropy over a validation split (tasks/lm.h).
+enum class EvalKind { Answer, Prefix, Lm };
 
 enum class Split : uint64_t { Train = 0x7261696eull, Eval = 0x6576616cull, Data = 0x64617461ull };
 
@@ -77,13 +83,16 @@ class Task {
   // Length of sample `id`: an entry of lengths(range), uniformly. UserError if there is none.
   int draw_length(uint64_t seed, Split split, uint64_t id, std::array<int, 2> range) const;
   // Training batch `step`: B samples with ids step*B .. step*B+B-1, lengths from train_len.
-  Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const;
+  virtual Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const;
   Batch make_batch(const std::vector<Sample>& samples) const;
 };
 
 // Builds the named task; validates the task.* keys it uses (UserError naming the key) and
 // rejects keys set away from their defaults that the task does not use.
 std::unique_ptr<Task> create_task(const TaskConfig& cfg);
+// The longest input a training and an evaluation batch hold (a BOS included): what memory is
+// planned for.
+std::array<int, 2> task_input_lengths(const TaskConfig& cfg);
 std::vector<std::string> task_names();
 
 }  // namespace lrnn

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 #include "core/check.h"
+#include "tasks/lm.h"
 
 namespace lrnn {
 
@@ -132,6 +133,50 @@ EvalResult evaluate(const LogitsFn& logits_of, int vocab, const Task& task, std:
     bucket.chance = std::pow(r.chance, n_labels);
   }
   return r;
+}
+
+double token_loss(const float* logits, int vocab, int label) {
+  float mx = logits[0];
+  for (int v = 1; v < vocab; ++v) mx = std::max(mx, logits[v]);
+  double sum = 0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - double(mx));
+  return double(mx) + std::log(sum) - double(logits[label]);
+}
+
+nlohmann::json evaluate_lm(const LogitsFn& logits_of, int vocab, const LmTask& task, int batch_size,
+                           int64_t max_tokens) {
+  const int T = task.eval_context();
+  const uint64_t windows = task.eval_windows();
+  uint64_t use = windows;
+  if (max_tokens > 0) use = std::min<uint64_t>(windows, std::max<uint64_t>(1, uint64_t(max_tokens) / uint64_t(T)));
+  std::vector<double> pos_sum(size_t(T), 0.0);
+  std::vector<int64_t> pos_n(size_t(T), 0);
+  uint64_t done = 0;
+  for (uint64_t index = 0; done < use; ++index) {
+    Batch b = task.eval_batch(index, batch_size);
+    const int rows = int(std::min<uint64_t>(uint64_t(b.B), use - done));
+    const float* logits = logits_of(b);
+    std::vector<double> loss(size_t(rows) * size_t(T));
+    for (size_t i = 0; i < loss.size(); ++i)  // (checked before the parallel loop: nothing may throw in it)
+      LRNN_CHECK(b.labels[i] >= 0 && b.labels[i] < vocab, "label {} outside the vocabulary {}", b.labels[i], vocab);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(rows) * T; ++i)
+      loss[size_t(i)] = token_loss(logits + size_t(i) * size_t(vocab), vocab, b.labels[size_t(i)]);
+    for (int r = 0; r < rows; ++r)
+      for (int t = 0; t < T; ++t) pos_sum[size_t(t)] += loss[size_t(r) * size_t(T) + size_t(t)], ++pos_n[size_t(t)];
+    done += uint64_t(rows);
+  }
+  double total = 0;
+  int64_t n = 0;
+  std::vector<double> curve(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) {
+    total += pos_sum[size_t(t)];
+    n += pos_n[size_t(t)];
+    curve[size_t(t)] = pos_n[size_t(t)] ? pos_sum[size_t(t)] / double(pos_n[size_t(t)]) : 0.0;
+  }
+  const double mean = n ? total / double(n) : 0.0;
+  return {{"metric", "val_loss"}, {"val_loss", mean}, {"perplexity", std::exp(mean)}, {"tokens", n},
+          {"windows", done}, {"context", T}, {"loss_by_position", curve}};
 }
 
 }  // namespace lrnn

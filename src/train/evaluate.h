@@ -48,4 +48,15 @@ using LogitsFn = std::function<const float*(const Batch&)>;
 EvalResult evaluate(const LogitsFn& logits_of, int vocab, const Task& task, std::array<int, 2> range,
                     int n_samples, int batch_size, uint64_t seed = 0);
 
+// Lm (tasks/lm.h): next-token cross-entropy over the validation split's windows, in order, up to
+// `max_tokens` predicted tokens (0: all windows). Returns {"metric": "val_loss", "val_loss" (nats
+// per token), "perplexity", "tokens", "windows", "context", "loss_by_position" (mean loss of the
+// prediction at each position 0..context-1, the length-extrapolation curve)}. Sums in double.
+class LmTask;
+nlohmann::json evaluate_lm(const LogitsFn& logits_of, int vocab, const LmTask& task, int batch_size,
+                           int64_t max_tokens);
+
+// The cross-entropy -log softmax(logits)[label] of one position (`logits` holds `vocab` values).
+double token_loss(const float* logits, int vocab, int label);
+
 }  // namespace lrnn

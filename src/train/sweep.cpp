@@ -402,6 +402,10 @@ std::vector<RunSpec> plan(const Grid& g, const fs::path& out, int threads) {
         r.config_file = g.configs[c].path;
         r.overrides = overrides_for(g, c, r.lr, r.seed, threads);
         r.expected = load_config(g.configs[c], r.overrides, fmt::format("{}: {}", g.source.string(), r.id));
+        // The report ranks runs by scaled accuracy, which a language model does not have.
+        if (r.expected.task.name == "lm")
+          LRNN_USER_ERROR("{}: config {} trains task lm; sweeps aggregate the synthetic tasks' scaled accuracy and do "
+                          "not rank language models (train each with lrnn train)", g.source.string(), g.configs[c].path.string());
         runs.push_back(std::move(r));
       }
   return runs;

@@ -1,4 +1,5 @@
 #include "train/trainer.h"
+#include "tasks/lm.h"
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -30,6 +31,11 @@ using Clock = std::chrono::steady_clock;
 nlohmann::json evaluate_run(const LogitsFn& fn, int V, const ExperimentConfig& cfg) {
   auto task = create_task(cfg.task);
   const auto& t = cfg.task;
+  if (task->eval_kind() == EvalKind::Lm) {
+    nlohmann::json j = evaluate_lm(fn, V, static_cast<const LmTask&>(*task), t.eval_batch_size, t.eval_tokens);
+    j["task"] = t.name;
+    return j;
+  }
   EvalResult test = evaluate(fn, V, *task, t.eval_len, t.eval_samples, t.eval_batch_size);
   // Training lengths get a smaller set: they show fitting, not extrapolation.
   EvalResult train = evaluate(fn, V, *task, t.train_len, std::max(1, t.eval_samples / 4), t.eval_batch_size);
@@ -40,6 +46,24 @@ nlohmann::json evaluate_run(const LogitsFn& fn, int V, const ExperimentConfig& c
 }
 
 namespace {
+
+// The metrics.jsonl line of an evaluation: accuracies for the synthetic tasks, validation loss
+// and perplexity for lm.
+nlohmann::json eval_line(const nlohmann::json& e, int64_t step) {
+  if (e.value("metric", "") == "val_loss")
+    return {{"type", "eval"}, {"step", step}, {"val_loss", e["val_loss"]}, {"perplexity", e["perplexity"]},
+            {"tokens", e["tokens"]}};
+  return {{"type", "eval"}, {"step", step}, {"accuracy", e["accuracy"]}, {"scaled_accuracy", e["scaled_accuracy"]},
+          {"train_scaled_accuracy", e["train_range"]["scaled_accuracy"]}};
+}
+
+std::string eval_message(const nlohmann::json& e, const ExperimentConfig& cfg, int64_t step) {
+  if (e.value("metric", "") == "val_loss")
+    return fmt::format("eval at step {}: validation loss {:.4f}, perplexity {:.2f} ({} tokens)", step,
+                       double(e["val_loss"]), double(e["perplexity"]), int64_t(e["tokens"]));
+  return fmt::format("eval at step {}: scaled accuracy {:.3f} on lengths {}-{}", step, double(e["scaled_accuracy"]),
+                     cfg.task.eval_len[0], cfg.task.eval_len[1]);
+}
 
 // Keeps metrics.jsonl consistent with a resumed state: drops lines logged after the checkpoint.
 void truncate_metrics(const fs::path& file, int64_t step) {
@@ -289,14 +313,18 @@ class CpuEngine final : public Engine {
     Model<float>& m = dp_.main();
     const uint64_t P = m.params.size(), V = uint64_t(m.vocab_size());
     auto rows = [&](int B) { return std::max(1, (B + W - 1) / W); };
-    // Input lengths: at most the range's top, plus a BOS.
-    const uint64_t train = m.activation_bytes(rows(tc_.batch_size), t.train_len[1] + 1, true);
-    const uint64_t eval = m.activation_bytes(rows(t.eval_batch_size), t.eval_len[1] + 1, false) +
-                          uint64_t(t.eval_batch_size) * uint64_t(t.eval_len[1] + 1) * V * sizeof(float) / uint64_t(W);
+    // Input lengths: at most the range's top, plus a BOS (lm: the windows).
+    const auto [train_T, eval_T] = task_input_lengths(t);
+    const uint64_t train = m.activation_bytes(rows(tc_.batch_size), train_T, true);
+    const uint64_t eval = m.activation_bytes(rows(t.eval_batch_size), eval_T, false) +
+                          uint64_t(t.eval_batch_size) * uint64_t(eval_T) * V * sizeof(float) / uint64_t(W);
     const uint64_t total = uint64_t(W) * (2 * P * sizeof(float) + std::max(train, eval)) + 2 * P * sizeof(float);
-    check_memory(total, fmt::format("{}: this run ({} workers; training.batch_size {} x task.train_len up to {}, "
-                                    "task.eval_batch_size {} x task.eval_len up to {}, {} parameters)",
-                                    cfg.source, W, tc_.batch_size, t.train_len[1], t.eval_batch_size, t.eval_len[1], P));
+    const bool lm = t.name == "lm";
+    check_memory(total, fmt::format("{}: this run ({} workers; training.batch_size {} x {} {}, task.eval_batch_size {} x "
+                                    "{} {}, {} parameters)", cfg.source, W, tc_.batch_size,
+                                    lm ? "task.context" : "task.train_len up to", train_T - (lm ? 0 : 1),
+                                    t.eval_batch_size, lm ? "task.eval_context" : "task.eval_len up to",
+                                    eval_T - (lm ? 0 : 1), P));
   }
 
   const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
@@ -430,11 +458,9 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     progress.update(st.step, first, loss, lr, log_now);
     if (tc.val_every > 0 && st.step % tc.val_every == 0 && st.step < tc.num_steps) {
       auto e = eval_now();
-      log({{"type", "eval"}, {"step", st.step}, {"accuracy", e["accuracy"]}, {"scaled_accuracy", e["scaled_accuracy"]},
-           {"train_scaled_accuracy", e["train_range"]["scaled_accuracy"]}});
-      progress.message(fmt::format("eval at step {}: scaled accuracy {:.3f} on lengths {}-{}", st.step,
-                                   double(e["scaled_accuracy"]), cfg.task.eval_len[0], cfg.task.eval_len[1]));
-      if (tc.stop_at > 0 && double(e["scaled_accuracy"]) >= tc.stop_at) {
+      log(eval_line(e, st.step));
+      progress.message(eval_message(e, cfg, st.step));
+      if (tc.stop_at > 0 && e.contains("scaled_accuracy") && double(e["scaled_accuracy"]) >= tc.stop_at) {
         progress.message(fmt::format("stopping early: scaled accuracy reached training.stop_at = {}", tc.stop_at));
         stopped_early = true;
         break;
@@ -466,8 +492,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   sum.eval = eval_now();
   sum.eval["step"] = st.step;
   sum.eval["stopped_early"] = stopped_early;
-  log({{"type", "eval"}, {"step", st.step}, {"accuracy", sum.eval["accuracy"]},
-       {"scaled_accuracy", sum.eval["scaled_accuracy"]}, {"train_scaled_accuracy", sum.eval["train_range"]["scaled_accuracy"]}});
+  log(eval_line(sum.eval, st.step));
   io::write_file_atomic(dir / "eval.json", sum.eval.dump(2) + "\n");
   provenance.end(st.step, stopped_early ? "stopped early (training.stop_at)" : "finished");
   return sum;

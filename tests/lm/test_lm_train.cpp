@@ -1,0 +1,174 @@
+// Language-model training end to end on the CPU (task.name: lm): a tokenizer and token shards
+// made from the Shakespeare corpus with the CLI, a small DeltaNet [-1,1] trained on them; the
+// validation loss, perplexity and per-position curve; resume onto the same trajectory; the
+// evaluation loss itself against a hand computation; the keys the lm task refuses.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "lm_util.h"
+#include "data/shards.h"
+#include "tasks/lm.h"
+#include "train/evaluate.h"
+
+using namespace lrnn;
+using namespace lrnn::test;
+
+namespace {
+
+// The corpus every test here trains on: a 512-piece tokenizer and four plays in blank-line
+// documents (~300k tokens), 5 % of the documents held out. Made once per test binary.
+const fs::path& corpus_dir() {
+  static fs::path dir = [] {
+    fs::path d = temp_dir("lm_train");
+    fs::path tok = train_small_tokenizer(d, 512);
+    auto files = corpus_files();
+    files.resize(std::min<size_t>(files.size(), kTokenizerFiles));
+    RunResult r = run_lrnn("tokenize --tokenizer '" + tok.string() + "' --input" + join_paths(files) +
+                           " --text-unit blank-line --val-fraction 0.05 --out '" + (d / "data").string() + "'");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return dir;
+}
+
+std::string lm_config(const std::string& extra_training = "") {
+  return "training: {num_steps: 200, batch_size: 16, lr: 3.0e-3, warmup_steps: 20, weight_decay: 0.01, val_every: 100, "
+         "checkpoint_every: 50" + extra_training + "}\n"
+         "model: {model_type: delta_net, hidden_size: 32, num_hidden_layers: 1, num_heads: 2, intermediate_size: 64, "
+         "use_short_conv: true, allow_neg_eigval: true}\n"
+         "task: {name: lm, data: '" + (corpus_dir() / "data").string() + "', context: 64, eval_batch_size: 16, "
+         "eval_tokens: 8192}\n"
+         "logging: {log_every: 20, progress: none}\n";
+}
+
+std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (auto j = nlohmann::json::parse(line); j["type"] == type) out.push_back(j);
+  return out;
+}
+
+// Cross-entropy on the validation split of a model that predicts each token with its frequency
+// in the training split (add-one smoothed): what a model that ignores its context can reach.
+double unigram_loss(const fs::path& data) {
+  auto train = data::TokenStream::open(data, "train");
+  auto val = data::TokenStream::open(data, "val");
+  std::vector<double> count(train.vocab_size(), 1.0);
+  for (int32_t t : train.read(0, train.size())) count[size_t(t)] += 1;
+  double total = 0;
+  for (double c : count) total += c;
+  double loss = 0;
+  for (int32_t t : val.read(0, val.size())) loss -= std::log(count[size_t(t)] / total);
+  return loss / double(val.size());
+}
+
+}  // namespace
+
+// Measured (seeds 0-4, with this CPU's kernels and with OPENBLAS_CORETYPE=Haswell, AMD Zen 4):
+// the unigram model's loss is 5.12 nats; the trained model ends at 4.15-4.51 (the same per seed
+// within 0.003 across the two). The bound, 0.4 below unigram (4.72), is one a model reaches only
+// by using its context, and leaves 0.2 of room over the worst seed.
+TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
+  fs::path dir = temp_dir("lm_learn");
+  write_text(dir / "lm.yaml", lm_config());
+  RunResult r = run_lrnn("train --config '" + (dir / "lm.yaml").string() + "' --out '" + (dir / "run").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto evals = lines_of(dir / "run", "eval");
+  ASSERT_EQ(evals.size(), 2u);  // step 100 (val_every) and the final one
+  for (const auto& e : evals) {
+    EXPECT_NEAR(double(e["perplexity"]), std::exp(double(e["val_loss"])), 1e-9 * double(e["perplexity"]));
+    EXPECT_EQ(int64_t(e["tokens"]), 8192);  // eval_tokens: 128 windows of 64
+  }
+  auto eval = nlohmann::json::parse(read_text(dir / "run" / "eval.json"));
+  const double unigram = unigram_loss(corpus_dir() / "data");
+  std::printf("validation loss %.4f (unigram model %.4f, ln V %.4f)\n", double(eval["val_loss"]), unigram, std::log(512.0));
+  EXPECT_LT(double(eval["val_loss"]), unigram - 0.4);
+  EXPECT_LT(double(evals[1]["val_loss"]), double(evals[0]["val_loss"]));
+  ASSERT_EQ(eval["loss_by_position"].size(), 64u);
+  // Later positions see more context: the mean over the second half is below the first position's.
+  double late = 0;
+  for (size_t t = 32; t < 64; ++t) late += double(eval["loss_by_position"][t]) / 32;
+  EXPECT_LT(late, double(eval["loss_by_position"][0]));
+
+  // Evaluation at a longer window than training (length extrapolation): one curve point per position.
+  RunResult e = run_lrnn("eval --run '" + (dir / "run").string() + "' --set task.eval_context=256");
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto longer = nlohmann::json::parse(read_text(dir / "run" / "eval_context256.json"));
+  EXPECT_EQ(longer["loss_by_position"].size(), 256u);
+  EXPECT_EQ(int64_t(longer["context"]), 256);
+}
+
+// The training order is a function of (seed, step): a run killed after step 70 (checkpoint at
+// 50) and resumed logs the losses of the uninterrupted run bit for bit.
+TEST(LmTrain, ResumeAfterKillFollowsTheUninterruptedRun) {
+  fs::path dir = temp_dir("lm_resume");
+  write_text(dir / "lm.yaml", lm_config());
+  const std::string cfg = (dir / "lm.yaml").string();
+  ASSERT_EQ(run_lrnn("train --config '" + cfg + "' --out '" + (dir / "a").string() + "' --set training.num_steps=100").code, 0);
+  setenv("LRNN_FAULT_KILL_AFTER_STEP", "70", 1);
+  RunResult k = run_lrnn("train --config '" + cfg + "' --out '" + (dir / "b").string() + "' --set training.num_steps=100");
+  unsetenv("LRNN_FAULT_KILL_AFTER_STEP");
+  ASSERT_NE(k.code, 0);
+  RunResult r = run_lrnn("train --resume '" + (dir / "b").string() + "'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = lines_of(dir / "a", "train"), b = lines_of(dir / "b", "train");
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "line " << i;
+  EXPECT_EQ(double(lines_of(dir / "a", "eval").back()["val_loss"]), double(lines_of(dir / "b", "eval").back()["val_loss"]));
+}
+
+// evaluate_lm against a hand computation: logits that put log-probability log p on the right
+// token of every position give val_loss = -log p exactly, and uniform logits give ln V.
+TEST(LmTrain, EvaluationLossIsTheMeanNextTokenCrossEntropy) {
+  TaskConfig tc;
+  tc.name = "lm";
+  tc.data = (corpus_dir() / "data").string();
+  tc.context = 32;
+  LmTask task(tc);
+  const int V = task.vocab_size();
+  std::vector<float> logits;
+  auto uniform = [&](const Batch& b) {
+    logits.assign(size_t(b.B) * b.T * V, 0.25f);
+    return logits.data();
+  };
+  nlohmann::json u = evaluate_lm(uniform, V, task, 8, 32 * 20);
+  EXPECT_EQ(int64_t(u["tokens"]), 32 * 20);
+  EXPECT_NEAR(double(u["val_loss"]), std::log(double(V)), 1e-12);
+  // The right token gets logit 3 and the others 0: p = e^3 / (e^3 + V - 1).
+  auto peaked = [&](const Batch& b) {
+    logits.assign(size_t(b.B) * b.T * V, 0.0f);
+    for (size_t i = 0; i < b.labels.size(); ++i) logits[i * size_t(V) + size_t(b.labels[i])] = 3.0f;
+    return logits.data();
+  };
+  nlohmann::json p = evaluate_lm(peaked, V, task, 8, 0);
+  const double expect = -std::log(std::exp(3.0) / (std::exp(3.0) + V - 1));
+  EXPECT_NEAR(double(p["val_loss"]), expect, 1e-9);
+  EXPECT_EQ(uint64_t(p["windows"]), task.eval_windows());
+  EXPECT_NEAR(token_loss(std::vector<float>{1.f, 2.f, 3.f}.data(), 3, 0), std::log(std::exp(1.) + std::exp(2.) + std::exp(3.)) - 1.0,
+              1e-12);
+}
+
+TEST(LmTrain, RefusesKeysItDoesNotUseAndMissingData) {
+  fs::path dir = temp_dir("lm_keys");
+  write_text(dir / "lm.yaml", lm_config());
+  const std::string cfg = "train --config '" + (dir / "lm.yaml").string() + "' --out '" + (dir / "r").string() + "'";
+  RunResult a = run_lrnn(cfg + " --set 'task.train_len=[3,10]'");
+  EXPECT_EQ(a.code, 2);
+  EXPECT_NE(a.out.find("task.train_len"), std::string::npos) << a.out;
+  RunResult b = run_lrnn(cfg + " --set task.data=" + (dir / "nowhere").string());
+  EXPECT_EQ(b.code, 2);
+  EXPECT_NE(b.out.find("task.data"), std::string::npos) << b.out;
+  RunResult c = run_lrnn(cfg + " --set task.context=1000000");
+  EXPECT_EQ(c.code, 2) << c.out;
+  RunResult d = run_lrnn(cfg + " --set task.name=parity");
+  EXPECT_EQ(d.code, 2);
+  EXPECT_NE(d.out.find("task.data"), std::string::npos) << d.out;
+  // A sweep ranks runs by scaled accuracy: it refuses lm configs by name.
+  write_text(dir / "grid.yaml", "name: lm\nconfigs: ['" + (dir / "lm.yaml").string() + "']\nlr: [1.0e-3]\nseeds: [0]\n");
+  RunResult s = run_lrnn("sweep --grid '" + (dir / "grid.yaml").string() + "' --out '" + (dir / "sw").string() + "' --dry-run");
+  EXPECT_EQ(s.code, 2) << s.out;
+  EXPECT_NE(s.out.find("lm"), std::string::npos) << s.out;
+}
