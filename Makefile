@@ -4,7 +4,7 @@ PRESET ?= release
 FUZZ_SECONDS ?= 20
 BUILD := build
 
-.PHONY: all deps configure build demo test bench clean fuzz sanitize
+.PHONY: all deps configure build demo lm-demo test bench clean fuzz sanitize
 
 all: build
 
@@ -21,6 +21,10 @@ build: configure
 
 demo: build
 	bash scripts/demo.sh
+
+# A small language model on Shakespeare's plays: tokenizer, shards, DeltaNet [0,1] vs [-1,1] (~4 min).
+lm-demo: build
+	bash scripts/lm_demo.sh
 
 test: build
 	# Passive waiting: ctest runs tests side by side, and spinning OpenMP threads would steal the cores.
