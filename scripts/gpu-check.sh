@@ -34,7 +34,7 @@ pack() {
   cp "$BUILD/bench/bench_cuda" "$dir/bench/"
   strip "$dir/lrnn" "$dir/tests/cuda_tests" "$dir/bench/bench_cuda"
   # Shared libraries from our Debian packages (not glibc, libstdc++, CUDA: those are there).
-  ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|yaml-cpp|fmt|gomp' |
+  ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|yaml-cpp|fmt|gomp|sentencepiece' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
   # Compressed (OpenBLAS alone is 36 MB, each binary ~18 MB), the pack stays well under what a
   # device call carries; --prebuilt unpacks it.
