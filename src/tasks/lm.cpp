@@ -62,7 +62,10 @@ Sample LmTask::sample(uint64_t seed, Split split, uint64_t id, int) const {
 
 std::string LmTask::render(const Sample& s) const {
   std::string out;
-  for (int32_t t : s.input) out += (out.empty() ? "" : " ") + std::to_string(t);
+  for (int32_t t : s.input) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(t);  // (not `" " + to_string(t)`: GCC 12 -O3 warns -Wrestrict, a false positive)
+  }
   return out;
 }
 
