@@ -224,6 +224,117 @@ def is_shard_name(name):
 # ---------------------------------------------------------------------------------------------
 # Inputs
 
+# The checks lrnn makes before SentencePiece sees a model file (src/data/tokenizer.cpp,
+# check_model_proto): SentencePiece terminates the process on a piece holding a NUL byte, and
+# indexes a normalisation rule's precompiled trie without bounds checks.
+
+def _wire_fields(b):
+    """(number, wire type, bytes or None) of each field of a protobuf message; ValueError if broken."""
+    pos, n = 0, len(b)
+
+    def varint():
+        nonlocal pos
+        v = shift = 0
+        while shift < 64:
+            if pos >= n:
+                raise ValueError
+            c = b[pos]
+            pos += 1
+            v |= (c & 0x7F) << shift
+            if not c & 0x80:
+                return v
+            shift += 7
+        raise ValueError
+
+    while pos < n:
+        key = varint()
+        num, typ = key >> 3, key & 7
+        if num == 0:
+            raise ValueError
+        if typ == 0:
+            varint()
+            yield num, typ, None
+        elif typ in (1, 5):
+            size = 8 if typ == 1 else 4
+            if n - pos < size:
+                raise ValueError
+            pos += size
+            yield num, typ, None
+        elif typ == 2:
+            size = varint()
+            if size > n - pos:
+                raise ValueError
+            yield num, typ, b[pos:pos + size]
+            pos += size
+        else:
+            raise ValueError
+
+
+def _check_charsmap(blob):
+    if not blob:
+        return None
+    if len(blob) <= 4:
+        return f"a normalisation rule of {len(blob)} bytes"
+    (trie_bytes,) = struct.unpack_from("<I", blob, 0)
+    if trie_bytes == 0 or trie_bytes % 4 or trie_bytes > len(blob) - 4:
+        return f"a normalisation rule whose trie claims {trie_bytes} of its {len(blob)} bytes"
+    strings = blob[4 + trie_bytes:]
+    if not strings or strings[-1] != 0:
+        return "a normalisation rule whose strings do not end with NUL"
+    units = np.frombuffer(blob, dtype="<u4", count=trie_bytes // 4, offset=4).astype(np.uint64)
+    n = units.size
+    idx = np.arange(n, dtype=np.uint64)
+    offset = (units >> np.uint64(10)) << ((units & np.uint64(1 << 9)) >> np.uint64(6))
+    base = idx ^ offset
+    followed = (units >> np.uint64(31)) == 0
+    followed[0] = True
+    bad = np.flatnonzero(followed & ((base | np.uint64(0xFF)) >= np.uint64(n)))
+    if bad.size:
+        return f"a normalisation rule whose trie unit {bad[0]} points outside it"
+    leaf = np.flatnonzero(followed & (((units >> np.uint64(8)) & np.uint64(1)) == 1))
+    if leaf.size:
+        values = units[base[leaf].astype(np.int64)] & np.uint64(0x7FFFFFFF)
+        over = np.flatnonzero(values >= np.uint64(len(strings)))
+        if over.size:
+            return f"a normalisation rule whose trie unit {leaf[over[0]]} points outside its strings"
+    return None
+
+
+def check_model_proto(data):
+    """None when SentencePiece may be given `data`, else what is wrong (as lrnn says it)."""
+    pieces = 0
+    try:
+        for num, typ, sub in _wire_fields(data):
+            if typ != 2:
+                continue
+            if num == 1:
+                got = False
+                for n2, t2, piece in _wire_fields(sub):
+                    if n2 != 1 or t2 != 2:
+                        continue
+                    got = True
+                    if not piece:
+                        return f"piece {pieces} is empty"
+                    if 0 in piece:
+                        return f"piece {pieces} holds a NUL byte"
+                    try:
+                        piece.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return f"piece {pieces} is not valid UTF-8"
+                if not got:
+                    return f"piece {pieces} is empty"
+                pieces += 1
+            elif num in (3, 5):
+                for n2, t2, blob in _wire_fields(sub):
+                    if n2 == 2 and t2 == 2:
+                        e = _check_charsmap(blob)
+                        if e:
+                            return e
+    except ValueError:
+        return "broken protobuf data"
+    return None
+
+
 def load_tokenizer(path):
     import sentencepiece as spm
     if not os.path.exists(path):
@@ -236,6 +347,9 @@ def load_tokenizer(path):
         data = f.read()
     if not data:
         raise UserError(f"{path}: empty file, not a SentencePiece model")
+    problem = check_model_proto(data)
+    if problem:
+        raise UserError(f"{path}: not a SentencePiece model lrnn can load: {problem}")
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(data)

@@ -332,7 +332,8 @@ int cmd_tokenizer_encode(const std::string& model, const std::string& text, bool
     for (int32_t id : ids) p.push_back(tok.piece(id));
     out["pieces"] = p;
   }
-  std::printf("%s\n", out.dump().c_str());
+  // A crafted model could hold pieces that are not UTF-8: replaced (U+FFFD), never an exception.
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 
@@ -349,7 +350,7 @@ int cmd_tokenizer_decode(const std::string& model, const std::string& ids_text) 
       LRNN_USER_ERROR("tokenizer decode: --ids: '{}' is not a token id in [0, {})", w, tok.vocab_size());
     ids.push_back(int32_t(x));
   }
-  std::printf("%s\n", nlohmann::json{{"text", tok.decode(ids)}}.dump().c_str());
+  std::printf("%s\n", nlohmann::json{{"text", tok.decode(ids)}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <queue>
 #include <unordered_map>
 #include <fmt/format.h>
@@ -16,6 +17,140 @@ namespace lrnn::data {
 
 namespace fs = std::filesystem;
 namespace spm = sentencepiece;
+
+namespace {
+
+// A reader of protobuf's wire format, enough to walk a SentencePiece ModelProto before the
+// library sees it. SentencePiece trusts parts of a model file that it cannot check for itself
+// (found by fuzz/fuzz_tokenizer.cpp): a piece that starts with or holds a NUL byte reaches the
+// double-array trie builder (Darts, which takes keys as C strings) and its exception terminates
+// the process from inside the library; a normalisation rule's precompiled trie is indexed
+// without bounds checks. check_model_proto refuses such files; it is no stricter than protobuf
+// for the files SentencePiece writes.
+struct WireReader {
+  std::string_view in;
+  size_t pos = 0;
+
+  bool done() const { return pos >= in.size(); }
+  bool varint(uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos >= in.size()) return false;
+      const uint8_t b = uint8_t(in[pos++]);
+      v |= uint64_t(b & 0x7F) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  }
+  // The next field: its number, wire type and, for length-delimited fields, the bytes.
+  bool field(uint32_t& number, int& type, std::string_view& bytes) {
+    uint64_t key;
+    if (!varint(key)) return false;
+    number = uint32_t(key >> 3);
+    type = int(key & 7);
+    if (number == 0) return false;
+    uint64_t v;
+    switch (type) {
+      case 0: return varint(v);
+      case 1: if (in.size() - pos < 8) return false; pos += 8; return true;
+      case 5: if (in.size() - pos < 4) return false; pos += 4; return true;
+      case 2:
+        if (!varint(v) || v > in.size() - pos) return false;
+        bytes = in.substr(pos, size_t(v));
+        pos += size_t(v);
+        return true;
+      default: return false;  // groups (3, 4) are not in sentencepiece_model.proto; 6, 7 do not exist
+    }
+  }
+};
+
+uint32_t unit_at(std::string_view trie, size_t i) {
+  uint32_t u;
+  std::memcpy(&u, trie.data() + 4 * i, 4);  // little-endian hosts, as SentencePiece itself
+  return u;
+}
+
+// A normalisation rule's precompiled_charsmap: a 4-byte trie size, a Darts double array, then
+// NUL-terminated replacement strings. SentencePiece walks it with commonPrefixSearch: from unit p
+// it reads unit p ^ offset(p) ^ c for an input byte c, follows units whose label is c, and at a
+// leaf reads the value of unit p ^ offset(p) as an offset into the strings. Every such index must
+// lie in the array and every value in the strings, and the strings must end with NUL.
+std::string check_charsmap(std::string_view blob) {
+  if (blob.empty()) return {};  // no rule: no trie
+  if (blob.size() <= 4) return "a normalisation rule of " + std::to_string(blob.size()) + " bytes";
+  uint32_t trie_bytes;
+  std::memcpy(&trie_bytes, blob.data(), 4);
+  if (trie_bytes == 0 || trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4)
+    return fmt::format("a normalisation rule whose trie claims {} of its {} bytes", trie_bytes, blob.size());
+  const std::string_view trie = blob.substr(4, trie_bytes), strings = blob.substr(4 + size_t(trie_bytes));
+  if (strings.empty() || strings.back() != '\0') return "a normalisation rule whose strings do not end with NUL";
+  const size_t n = trie.size() / 4;
+  auto offset = [](uint32_t u) -> uint64_t { return uint64_t(u >> 10) << ((u & (1u << 9)) >> 6); };
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = unit_at(trie, i);
+    if (i != 0 && (u >> 31)) continue;  // a value unit: never followed (its label is never a byte)
+    const uint64_t base = uint64_t(i) ^ offset(u);
+    if ((base | 0xFF) >= n) return fmt::format("a normalisation rule whose trie unit {} points outside it", i);
+    if ((u >> 8) & 1) {  // has a leaf: the value at base indexes the strings
+      const uint32_t value = unit_at(trie, size_t(base)) & 0x7FFFFFFFu;
+      if (value >= strings.size()) return fmt::format("a normalisation rule whose trie unit {} points outside its strings", i);
+    }
+  }
+  return {};
+}
+
+std::string check_normalizer(std::string_view msg) {
+  WireReader r{msg};
+  while (!r.done()) {
+    uint32_t num;
+    int type;
+    std::string_view bytes;
+    if (!r.field(num, type, bytes)) return "a broken normalizer spec";
+    if (num == 2 && type == 2)
+      if (std::string e = check_charsmap(bytes); !e.empty()) return e;
+  }
+  return {};
+}
+
+std::string check_piece(std::string_view msg, size_t index) {
+  WireReader r{msg};
+  bool any = false;
+  while (!r.done()) {
+    uint32_t num;
+    int type;
+    std::string_view bytes;
+    if (!r.field(num, type, bytes)) return fmt::format("piece {} is broken", index);
+    if (num != 1 || type != 2) continue;
+    any = true;
+    if (bytes.empty()) return fmt::format("piece {} is empty", index);
+    if (bytes.find('\0') != std::string_view::npos) return fmt::format("piece {} holds a NUL byte", index);
+    if (find_invalid_utf8(bytes) != std::string_view::npos) return fmt::format("piece {} is not valid UTF-8", index);
+  }
+  if (!any) return fmt::format("piece {} is empty", index);
+  return {};
+}
+
+// Empty when SentencePiece may be given `bytes`, else what is wrong with them.
+std::string check_model_proto(std::string_view bytes) {
+  WireReader r{bytes};
+  size_t pieces = 0;
+  while (!r.done()) {
+    uint32_t num;
+    int type;
+    std::string_view sub;
+    const size_t at = r.pos;
+    if (!r.field(num, type, sub)) return fmt::format("broken protobuf data at byte {}", at);
+    if (type != 2) continue;
+    if (num == 1) {
+      if (std::string e = check_piece(sub, pieces++); !e.empty()) return e;
+    } else if (num == 3 || num == 5) {  // normalizer_spec, denormalizer_spec
+      if (std::string e = check_normalizer(sub); !e.empty()) return e;
+    }
+  }
+  return {};
+}
+
+}  // namespace
 
 struct Tokenizer::Impl {
   spm::SentencePieceProcessor sp;
@@ -38,6 +173,8 @@ Tokenizer Tokenizer::from_bytes(std::string bytes, std::string source) {
   if (bytes.size() > kMaxTokenizerBytes)
     LRNN_USER_ERROR("{}: {} bytes, more than the {} a tokenizer may have", source, bytes.size(), kMaxTokenizerBytes);
   if (bytes.empty()) LRNN_USER_ERROR("{}: empty file, not a SentencePiece model", source);
+  if (std::string e = check_model_proto(bytes); !e.empty())
+    LRNN_USER_ERROR("{}: not a SentencePiece model lrnn can load: {}", source, e);
   auto st = t.p_->sp.LoadFromSerializedProto(bytes);
   if (!st.ok())
     LRNN_USER_ERROR("{}: not a SentencePiece model (SentencePiece says: {})", source, st.ToString());

@@ -3,6 +3,7 @@
 // lrnn puts them, and a missing, non-regular, empty, garbage, truncated or mutated model file is
 // a clear error (exit 2 naming the file), never a crash.
 #include <gtest/gtest.h>
+#include <cstring>
 #include <random>
 #include <sys/stat.h>
 
@@ -170,6 +171,85 @@ TEST_F(TokenizerTest, MutatedModelsNeverCrash) {
   }
   EXPECT_EQ(loaded + refused, 300);
   EXPECT_GT(refused, 0);
+}
+
+// Protobuf wire format, enough to append fields to a serialized ModelProto (a repeated field
+// gets one more element; a message field that appears again is merged, its bytes fields replaced).
+std::string varint(uint64_t v) {
+  std::string s;
+  do {
+    s.push_back(char((v & 0x7F) | (v > 0x7F ? 0x80 : 0)));
+    v >>= 7;
+  } while (v);
+  return s;
+}
+std::string field(uint32_t number, const std::string& bytes) { return varint(uint64_t(number) << 3 | 2) + varint(bytes.size()) + bytes; }
+// A normalizer_spec (ModelProto field 3) holding only a precompiled_charsmap (its field 2).
+std::string with_charsmap(const std::string& model, const std::string& charsmap) {
+  return model + field(3, field(2, charsmap));
+}
+std::string charsmap(const std::vector<uint32_t>& units, const std::string& strings) {
+  std::string s(4 + 4 * units.size(), '\0');
+  const uint32_t bytes = uint32_t(4 * units.size());
+  std::memcpy(s.data(), &bytes, 4);
+  if (!units.empty()) std::memcpy(s.data() + 4, units.data(), 4 * units.size());
+  return s + strings;
+}
+
+// Found by fuzz/fuzz_tokenizer.cpp: a unigram model whose piece starts with (or holds) a NUL byte
+// made SentencePiece's trie builder throw through the library, which terminated the process.
+// Such files are now refused before SentencePiece sees them, as are normalisation rules whose
+// precompiled trie would be read outside its bounds; a well-formed rule still loads.
+TEST_F(TokenizerTest, ModelsSentencePieceWouldCrashOnAreUserErrors) {
+  auto files = corpus_files();
+  ASSERT_GE(files.size(), 2u);
+  data::TokenizerTrainOptions o;
+  o.vocab_size = 400;
+  o.model_type = "unigram";
+  const std::string uni = data::train_tokenizer({files[0]}, o).model;
+  ASSERT_NO_THROW(Tokenizer::from_bytes(uni, "uni.model"));
+  auto expect_refused = [](const std::string& bytes, const std::string& needle) {
+    try {
+      Tokenizer::from_bytes(bytes, "crafted.model");
+      ADD_FAILURE() << "loaded a model with " << needle;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("crafted.model: not a SentencePiece model"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // A normal piece ("\xe2\x96\x81" is the word boundary) with its first byte set to NUL, and one
+  // with a NUL inside; a piece that is not UTF-8; an empty piece appended.
+  const size_t at = uni.find("\xe2\x96\x81th");
+  ASSERT_NE(at, std::string::npos);
+  std::string nul_first = uni, nul_inside = uni, latin1 = uni;
+  nul_first[at] = '\0';
+  nul_inside[at + 3] = '\0';
+  latin1[at] = char(0xff);
+  expect_refused(nul_first, "holds a NUL byte");
+  expect_refused(nul_inside, "holds a NUL byte");
+  expect_refused(latin1, "is not valid UTF-8");
+  expect_refused(uni + field(1, field(1, "")), "is empty");
+  expect_refused(uni + field(1, ""), "is empty");
+  expect_refused(uni + std::string("\x0a\xff", 2), "broken protobuf data");
+  // Normalisation rules (the trie SentencePiece indexes without bounds checks).
+  std::vector<uint32_t> zeros(256, 0);
+  expect_refused(with_charsmap(uni, "abc"), "a normalisation rule of 3 bytes");
+  std::string claims = charsmap(zeros, std::string(1, '\0'));
+  const uint32_t too_many = 4 * 300;
+  std::memcpy(claims.data(), &too_many, 4);
+  expect_refused(with_charsmap(uni, claims), "whose trie claims 1200");
+  expect_refused(with_charsmap(uni, charsmap(zeros, "x")), "do not end with NUL");
+  std::vector<uint32_t> outside = zeros;
+  outside[0] = 256u << 10;  // the root's children at 256 ^ c: past the 256 units
+  expect_refused(with_charsmap(uni, charsmap(outside, std::string(1, '\0'))), "trie unit 0 points outside it");
+  std::vector<uint32_t> leaf = zeros;
+  leaf[5] = 5u | (1u << 8);  // label 5, a leaf, offset 0: its value is unit 5's own, 261, past the 1 string byte
+  expect_refused(with_charsmap(uni, charsmap(leaf, std::string(1, '\0'))), "points outside its strings");
+  // An all-zero trie of one block is a well-formed rule that changes nothing.
+  Tokenizer t = Tokenizer::from_bytes(with_charsmap(uni, charsmap(zeros, std::string(1, '\0'))), "zeros.model");
+  const std::string text = "To be, or not to be: that is the question.";
+  EXPECT_EQ(t.decode(t.encode(text)), text);
+  EXPECT_EQ(t.encode(text), Tokenizer::from_bytes(uni, "uni.model").encode(text));
 }
 
 TEST_F(TokenizerTest, CliErrorsExitTwoNamingTheFile) {

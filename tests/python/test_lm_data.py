@@ -212,6 +212,23 @@ class LmData(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(json.loads(r.stdout)["text"], text)
 
+    def test_model_with_a_normalisation_rule_loads(self):
+        # SentencePiece's nmt_nfkc rule is a precompiled trie in the model file, which lrnn checks
+        # before SentencePiece indexes it (src/data/tokenizer.cpp): a real one must pass.
+        import io
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(input=self.plays[0], model_writer=buf, vocab_size=400,
+                                       normalization_rule_name="nmt_nfkc", minloglevel=2)
+        model = self.path("nfkc.model")
+        with open(model, "wb") as f:
+            f.write(buf.getvalue())
+        sp = spm.SentencePieceProcessor(model_file=model)
+        text = "ｆｕｌｌ width ① and ﬁ ligature, To be"
+        r = lrnn("tokenizer", "encode", "--tokenizer", model, "--text", text)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["ids"], sp.encode(text))
+        self.assertNotEqual(sp.decode(sp.encode(text)), text, "the rule normalises (full width -> ASCII)")
+
     def test_four_byte_tokens_read_by_lrnn(self):
         d = self.path("wide")
         os.makedirs(d)
@@ -268,6 +285,20 @@ class LmData(unittest.TestCase):
         r = tool("--tokenizer", self.path("junk.model"), "--input", self.path("ok.parquet"), "--out", self.path("e2"))
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("junk.model: not a SentencePiece model", r.stderr)
+        # A model SentencePiece would terminate on (a normal piece starting with NUL): refused first.
+        with open(self.model, "rb") as f:
+            good = f.read()
+        at = good.find("\u2581th".encode())
+        self.assertGreater(at, 0)
+        with open(self.path("nul.model"), "wb") as f:
+            f.write(good[:at] + b"\0" + good[at + 1:])
+        r = tool("--tokenizer", self.path("nul.model"), "--input", self.path("ok.parquet"), "--out", self.path("e2"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("nul.model: not a SentencePiece model lrnn can load: piece", r.stderr)
+        r = lrnn("tokenizer", "info", "--tokenizer", self.path("nul.model"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("holds a NUL byte", r.stderr)
+        self.assertIsNone(p2s.check_model_proto(good))
         r = tool("--tokenizer", self.model, "--input", self.path("ok.parquet"), "--out", self.path("e3"),
                  "--val-fraction", "0")
         self.assertEqual(r.returncode, 0, r.stderr)
