@@ -98,6 +98,13 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   auto longer = nlohmann::json::parse(read_text(dir / "run" / "eval_context256.json"));
   EXPECT_EQ(longer["loss_by_position"].size(), 256u);
   EXPECT_EQ(int64_t(longer["context"]), 256);
+
+  // `lrnn data` prints the run's training windows: context tokens in, the next tokens out.
+  RunResult d = run_lrnn("data --config '" + (dir / "lm.yaml").string() + "' --n 2");
+  ASSERT_EQ(d.code, 0) << d.out;
+  auto first = nlohmann::json::parse(d.out.substr(0, d.out.find('\n')));
+  ASSERT_EQ(first["input"].size(), 64u);
+  for (size_t t = 0; t + 1 < 64; ++t) EXPECT_EQ(first["target"][t], first["input"][t + 1]);
 }
 
 // The training order is a function of (seed, step): a run killed after step 70 (checkpoint at

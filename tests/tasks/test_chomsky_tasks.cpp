@@ -331,8 +331,10 @@ TEST(Parity, AnswerIsTheParityOfOnes) {
 
 TEST(Tasks, TableListsEveryTask) {
   std::vector<std::string> want = {"parity", "modular_arithmetic", "modular_arithmetic_with_brackets",
-                                   "even_pairs", "cycle_navigation", "word_problem"};
+                                   "even_pairs", "cycle_navigation", "word_problem", "lm"};
   EXPECT_EQ(task_names(), want);
+  want.pop_back();  // lm needs a tokenized corpus (tests/lm/test_lm_train.cpp); without one it is an error
   for (auto& n : want) EXPECT_EQ(create_task(named(n))->name(), n);
+  EXPECT_THROW(create_task(named("lm")), UserError);
   EXPECT_THROW(create_task(named("dyck")), UserError);
 }
