@@ -408,14 +408,19 @@ Batch PackedSampler::batch(int64_t step, int global_batch, int rank, int world) 
     LRNN_USER_ERROR("{}: {} tokens, too few for training contexts of {} + 1 (need at least {})",
                     s_.shards().front().path().string(), s_.size(), T_, 2 * uint64_t(T_));
   const int rows = global_batch / world;
+  const uint64_t g0 = uint64_t(step) * uint64_t(global_batch) + uint64_t(rank) * uint64_t(rows);
+  return windows(rows, [&](int r) { return sample_start(g0 + uint64_t(r)); });
+}
+
+template <class StartOf>
+Batch PackedSampler::windows(int rows, StartOf start_of) const {
   Batch b;
   b.B = rows;
   b.T = T_;
   b.tokens.resize(size_t(rows) * size_t(T_));
   b.labels.resize(size_t(rows) * size_t(T_));
   b.lengths.assign(size_t(rows), T_);
-  const uint64_t g0 = uint64_t(step) * uint64_t(global_batch) + uint64_t(rank) * uint64_t(rows);
-  for (int r = 0; r < rows; ++r) fill(b, r, sample_start(g0 + uint64_t(r)));
+  for (int r = 0; r < rows; ++r) fill(b, r, start_of(r));
   return b;
 }
 
@@ -426,15 +431,7 @@ Batch PackedSampler::eval_batch(uint64_t index, int batch, int rank, int world) 
   const uint64_t first = index * uint64_t(batch), end = std::min(first + uint64_t(batch), eval_M_);
   const uint64_t per = uint64_t(batch / world);
   const uint64_t lo = std::min(end, first + uint64_t(rank) * per), hi = std::min(end, lo + per);
-  const int rows = int(hi - lo);
-  Batch b;
-  b.B = rows;
-  b.T = T_;
-  b.tokens.resize(size_t(rows) * size_t(T_));
-  b.labels.resize(size_t(rows) * size_t(T_));
-  b.lengths.assign(size_t(rows), T_);
-  for (int r = 0; r < rows; ++r) fill(b, r, (lo + uint64_t(r)) * uint64_t(T_));
-  return b;
+  return windows(int(hi - lo), [&](int r) { return (lo + uint64_t(r)) * uint64_t(T_); });
 }
 
 }  // namespace lrnn::data

@@ -138,6 +138,9 @@ class PackedSampler {
 
  private:
   void fill(Batch& b, int row, uint64_t start) const;
+  // A batch of `rows` windows, row r starting at stream position start_of(r).
+  template <class StartOf>
+  Batch windows(int rows, StartOf start_of) const;
   const TokenStream& s_;
   int T_;
   uint64_t seed_, M_, eval_M_;
