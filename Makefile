@@ -2,6 +2,8 @@
 JOBS ?= $(shell nproc)
 PRESET ?= release
 FUZZ_SECONDS ?= 20
+# make test fuzzes each reader this long (seconds; make fuzz: FUZZ_SECONDS)
+FUZZ_TEST_SECONDS ?= 10
 BUILD := build
 
 .PHONY: all deps configure build demo lm-demo test bench clean fuzz sanitize
@@ -31,7 +33,7 @@ test: build
 	cd $(BUILD) && OMP_WAIT_POLICY=passive ctest --output-on-failure -j $(JOBS) --timeout 900
 	# The same suite (but the learning tests) under ASan + UBSan, then every reader fuzzed briefly.
 	bash scripts/sanitize.sh
-	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+	bash scripts/fuzz.sh $(FUZZ_TEST_SECONDS)
 
 bench: build
 	$(BUILD)/bench/bench_train_step --benchmark_min_time=2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true

@@ -37,7 +37,8 @@ TEST(LearningMamba, NegativeEigenvaluesSolveParity) {
   EXPECT_GE(ok, 2);
 }
 
-// Measured: 0 of 10 runs above 0.03 (the largest 0.027; and 0 of 20 at d_model 32).
+// Measured: 0 of 10 runs above 0.03 (the largest 0.027; and 0 of 20 at d_model 32). Two seeds
+// (each run is the slowest of the suite, ~30 s on two cores).
 TEST(LearningMamba, UnitRangeDoesNotSolveParityWithTheSameBudget) {
-  for (const SeedRun& r : all_seeds(recipe(false), "Mamba [0,1]", 3)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
+  for (const SeedRun& r : all_seeds(recipe(false), "Mamba [0,1]", 2)) EXPECT_LT(r.test, 0.2) << "seed " << r.seed;
 }
