@@ -13,8 +13,7 @@ LmTask::LmTask(const TaskConfig& cfg) : context_(cfg.context), eval_context_(cfg
   if (!fs::is_directory(dir_)) LRNN_USER_ERROR("task.data: {}: not a directory (lrnn tokenize --out DIR makes one)", dir_);
   // Headers are checked here (cheap); each token is checked against the vocabulary as it is read.
   train_ = std::make_unique<data::TokenStream>(data::TokenStream::open(dir_, "train", data::Verify::Header));
-  train_sampler_ = std::make_unique<data::PackedSampler>(*train_, context_, 0);
-  if (train_sampler_->windows_per_epoch() == 0)
+  if (data::PackedSampler(*train_, context_, 0).windows_per_epoch() == 0)
     LRNN_USER_ERROR("task.context: {}'s training split holds {} tokens, too few for two contexts of {} + 1", dir_,
                     train_->size(), context_);
   if (data::read_index(dir_)["splits"].contains("val")) {
@@ -26,12 +25,8 @@ LmTask::LmTask(const TaskConfig& cfg) : context_(cfg.context), eval_context_(cfg
 std::vector<int> LmTask::lengths(std::array<int, 2>) const { return {context_}; }
 
 Batch LmTask::train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2>) const {
-  if (seed != seed_) {  // the training order is keyed by training.seed
-    auto& self = const_cast<LmTask&>(*this);
-    self.train_sampler_ = std::make_unique<data::PackedSampler>(*train_, context_, seed);
-    self.seed_ = seed;
-  }
-  return train_sampler_->batch(step, B);
+  // The training order is keyed by training.seed; a sampler is a few numbers, made per batch.
+  return data::PackedSampler(*train_, context_, seed).batch(step, B);
 }
 
 uint64_t LmTask::eval_windows() const {

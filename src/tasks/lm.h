@@ -42,8 +42,7 @@ class LmTask final : public Task {
   int context_, eval_context_;
   std::string dir_;
   std::unique_ptr<data::TokenStream> train_, val_;
-  std::unique_ptr<data::PackedSampler> train_sampler_, val_sampler_;
-  uint64_t seed_ = 0;
+  std::unique_ptr<data::PackedSampler> val_sampler_;
 };
 
 }  // namespace lrnn
