@@ -15,6 +15,7 @@
 #include "data/tokenize.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "infer/run.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/provenance.h"
@@ -26,30 +27,6 @@ namespace lrnn::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-// A saved run: its resolved config and an engine (CPU or CUDA, training.device or --device)
-// holding the trained weights.
-struct LoadedRun {
-  ExperimentConfig cfg;
-  std::unique_ptr<Engine> engine;
-  Model<float>& model() { return engine->host_model(); }
-};
-
-LoadedRun load_run(const fs::path& dir, std::vector<std::string> overrides, const std::string& device) {
-  if (!fs::is_directory(dir)) LRNN_USER_ERROR("{}: no such run directory", dir.string());
-  if (!device.empty()) overrides.push_back("training.device=" + device);
-  LoadedRun r;
-  r.cfg = ExperimentConfig::load((dir / "config.yaml").string(), overrides);
-  r.engine = make_engine(r.cfg);
-  fs::path weights = dir / "model.safetensors";
-  if (!fs::exists(weights)) LRNN_USER_ERROR("{}: no model.safetensors (did the run finish a checkpoint?)", dir.string());
-  load_params(weights, r.model());
-  TrainState st;
-  st.m.assign(r.model().params.size(), 0.f);
-  st.v.assign(r.model().params.size(), 0.f);
-  r.engine->start(st);
-  return r;
-}
 
 // One row per range: lengths, accuracy, the task's metric, samples.
 struct EvalRow {

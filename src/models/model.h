@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,17 @@
 #include "models/hf/hf_files.h"
 
 namespace lrnn {
+
+// What a model carries from one forward to the next when it reads a sequence piece by piece
+// (generation, scoring a long text in constant memory): the recurrent state of every layer and
+// the short convolutions' last inputs for the linear RNNs, fixed in size whatever the length;
+// the keys and values of every token so far (the KV cache) for the Transformer.
+class DecodeState {
+ public:
+  virtual ~DecodeState() = default;
+  virtual size_t bytes() const = 0;  // memory held now
+  int64_t position = 0;              // tokens read so far
+};
 
 template <class T>
 class Model {
@@ -33,6 +45,13 @@ class Model {
   // steps only (it may reset the model's buffer pointers).
   virtual size_t activation_bytes(int B, int T_, bool train) { return 0; }
   virtual int vocab_size() const = 0;
+  // Piecewise reading (models/model.h DecodeState): a fresh state for B sequences before their
+  // first token, or null when this model cannot continue a forward (the caller then says so).
+  virtual std::unique_ptr<DecodeState> new_decode_state(int B) { return nullptr; }
+  // The forward of tokens [B,T] that continue the sequences `st` has read; logits() then holds
+  // their [B,T,V] logits and `st` the state after them. The logits equal those of one forward over
+  // the whole sequences (to rounding). No labels, nothing kept for a backward.
+  virtual void forward_continue(const int32_t* tokens, int B, int T_, DecodeState& st);
   // The public implementation's config (fla / HF `config.json`).
   virtual nlohmann::json hf_config() const = 0;
   // Further files the run directory needs beside config.json (file name -> contents): the code of
@@ -58,6 +77,11 @@ class Model {
   }
   ParamLayout layout_;
 };
+
+template <class T>
+void Model<T>::forward_continue(const int32_t*, int, int, DecodeState&) {
+  throw std::logic_error("forward_continue: this model has no decode state (new_decode_state returned null)");
+}
 
 // Builds the model named by `model.model_type` from the YAML model block (validated; errors
 // name `where` and the key). `seed` initialises the parameters.

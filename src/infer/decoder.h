@@ -1,0 +1,83 @@
+// Reading and continuing text with a trained language model, one piece at a time: the model's
+// decode state (models/model.h DecodeState) carries everything between pieces, so a linear RNN
+// reads and writes any number of tokens in constant memory (the Transformer keeps its KV cache).
+// `lrnn generate` and `lrnn serve` are built on these.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+#include "data/tokenizer.h"
+#include "models/model.h"
+
+namespace lrnn {
+
+// How the next token is drawn from the model's distribution.
+struct SamplingOptions {
+  double temperature = 1.0;  // logits / temperature; 0 = greedy (the most likely token)
+  int top_k = 0;             // only the k most likely tokens (0: all)
+  double top_p = 1.0;        // only the most likely tokens whose probabilities sum to top_p (nucleus)
+  uint64_t seed = 0;
+};
+
+// log softmax of a row of V logits, in double.
+void log_softmax(const float* logits, int V, std::vector<double>& out);
+// The k most likely tokens of a log-softmax row with their log-probabilities, most likely first
+// (ties: the lower id first).
+std::vector<std::pair<int32_t, double>> top_logprobs(const std::vector<double>& logprobs, int k);
+// The token drawn at position `index` of a generation: a pure function of (logits, options,
+// index), so the same seed gives the same text on every machine whose logits agree.
+int32_t sample_token(const float* logits, int V, const SamplingOptions& opt, uint64_t index);
+
+// Feeds tokens to a model through its decode state, `chunk` tokens per forward at most (so a
+// long prompt takes memory for one chunk's activations, not for the whole prompt).
+class Decoder {
+ public:
+  // UserError when the model cannot read piecewise (its type has no decode state).
+  explicit Decoder(Model<float>& model, int chunk = 512);
+  // Reads `tokens` after everything read so far. each(i, logits) is called for every token in
+  // order with its [V] logits (the distribution of the token after it). Returns the logits after
+  // the last token (valid until the next call). tokens must not be empty.
+  const float* feed(std::span<const int32_t> tokens,
+                    const std::function<void(size_t, const float*)>& each = {});
+  void reset();                  // back to the empty sequence
+  int64_t position() const;      // tokens read so far
+  size_t state_bytes() const;    // memory the decode state holds
+  int vocab_size() const { return model_.vocab_size(); }
+
+ private:
+  Model<float>& model_;
+  int chunk_;
+  std::unique_ptr<DecodeState> state_;
+  std::vector<float> last_;
+};
+
+// Generation: `prompt` is read, then up to max_tokens tokens are drawn and fed back. The text is
+// handed over as it becomes final (whole UTF-8 characters; with stop strings, text that could
+// still start one is held back); generation ends at EOS (not part of the text), at max_tokens,
+// at the first stop string (not part of the text), or when on_text returns false.
+struct GenerateOptions {
+  int max_tokens = 256;
+  SamplingOptions sampling;
+  std::vector<std::string> stop;
+  bool stop_at_eos = true;
+};
+
+struct GeneratedToken {
+  int32_t token;
+  double logprob;  // under the model's distribution (before temperature, top-k, top-p)
+};
+
+struct Generation {
+  std::vector<GeneratedToken> tokens;
+  std::string text;            // what on_text was given, together
+  std::string finish_reason;   // "length", "stop" (EOS or a stop string) or "cancelled"
+};
+
+Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const int32_t> prompt,
+                    const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text = {});
+
+}  // namespace lrnn

@@ -1,0 +1,32 @@
+// A saved run opened for inference: `lrnn eval`, `predict`, `generate` and `serve` start here.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+#include "data/tokenizer.h"
+#include "train/config.h"
+#include "train/engine.h"
+
+namespace lrnn {
+
+// A saved run: its resolved config and an engine (CPU or CUDA: training.device, or `device`
+// when not empty) holding the trained weights. `overrides` are --set lines applied to the
+// run's config.yaml. UserError (exit 2) naming the directory or file when something is missing.
+struct LoadedRun {
+  std::filesystem::path dir;
+  ExperimentConfig cfg;
+  std::unique_ptr<Engine> engine;
+  Model<float>& model() { return engine->host_model(); }
+};
+
+LoadedRun load_run(const std::filesystem::path& dir, std::vector<std::string> overrides = {},
+                   const std::string& device = "");
+
+// The tokenizer of a language-model run (task.name lm): `path` when not empty, else the one the
+// run's tokenized data names in its index.json. Either way it must be the tokenizer the data was
+// made with (same sha256) when the index is there to say so, and its vocabulary must fit the
+// model's. UserError naming the file otherwise.
+data::Tokenizer run_tokenizer(const LoadedRun& run, const std::filesystem::path& path = {});
+
+}  // namespace lrnn
