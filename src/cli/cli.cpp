@@ -1,6 +1,7 @@
-// The `lrnn` command line: train, eval, data, predict, sweep; tokenizer, tokenize, shards (language-model data).
+// The `lrnn` command line: train, eval, data, predict, generate, sweep; tokenizer, tokenize, shards (language-model data).
 #include "cli/cli.h"
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "data/tokenize.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "infer/decoder.h"
 #include "infer/run.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
@@ -238,6 +240,55 @@ int cmd_predict(const std::string& run, const std::string& tokens_text, bool ful
   return 0;
 }
 
+// The tokens a document of the run's data starts with (docs/DATA.md: BOS, or the previous
+// document's EOS where the tokenizer has no BOS).
+int32_t document_start(const data::Tokenizer& tok) { return tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id(); }
+
+int cmd_generate(const std::string& run, const std::string& prompt, const std::string& tokenizer, GenerateOptions opt,
+                 bool no_doc_start, bool json) {
+  // Generation reads one token per forward: the CPU's reference ops (the CUDA ops have no carried
+  // state yet), whatever device the run trained on.
+  LoadedRun r = load_run(run, {}, "cpu");
+  data::Tokenizer tok = run_tokenizer(r, tokenizer);
+  std::vector<int32_t> ids;
+  if (!no_doc_start) ids.push_back(document_start(tok));
+  tok.encode_into(prompt, ids);
+  if (ids.empty()) LRNN_USER_ERROR("generate: --prompt is empty and --no-doc-start leaves nothing to start from");
+  Decoder dec(r.model());
+  if (!json) {
+    std::fputs(prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Generation g = generate(dec, tok, ids, opt, [&](const std::string& piece) {
+    if (!json) {
+      std::fputs(piece.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<int32_t> out_ids;
+  double logprob = 0;
+  for (const auto& t : g.tokens) {
+    out_ids.push_back(t.token);
+    logprob += t.logprob;
+  }
+  if (json) {
+    nlohmann::json j = {{"prompt", prompt},       {"prompt_tokens", ids},        {"text", g.text},
+                        {"tokens", out_ids},      {"logprob", logprob},          {"finish_reason", g.finish_reason},
+                        {"seconds", sec},         {"state_bytes", dec.state_bytes()}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fflush(stdout);
+    std::fprintf(stderr, "[%zu prompt + %zu generated tokens in %.2f s (%.1f tokens/s), decode state %.1f KiB, %s]\n",
+                 ids.size(), out_ids.size(), sec, sec > 0 ? double(ids.size() + out_ids.size()) / sec : 0.0,
+                 double(dec.state_bytes()) / 1024.0, g.finish_reason.c_str());
+  }
+  return 0;
+}
+
 int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_run, bool report, bool force) {
   sweep::Grid grid = sweep::Grid::load(grid_file);
   if (out.empty()) out = (fs::path("runs") / grid.name).string();
@@ -412,6 +463,27 @@ int run(int argc, char** argv) {
   predict->add_flag("--logits", full_logits, "print logits even for large vocabularies");
   predict->add_option("--device", device, "cpu or cuda (default: the run's training.device)")->check(devices);
 
+  std::string gen_prompt, gen_tokenizer;
+  GenerateOptions gen;
+  bool gen_no_doc_start = false, gen_json = false;
+  auto* generate_cmd = app.add_subcommand("generate", "continue a text with a trained language model (streams the text)");
+  generate_cmd->add_option("--run", run_dir, "run directory of a language model (task.name lm)")->required();
+  generate_cmd->add_option("--prompt", gen_prompt, "the text to continue")->required();
+  generate_cmd->add_option("--max-tokens", gen.max_tokens, "tokens to generate at most")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  generate_cmd->add_option("--temperature", gen.sampling.temperature, "softmax temperature; 0 = greedy")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  generate_cmd->add_option("--top-k", gen.sampling.top_k, "sample among the k most likely tokens (0 = all)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  generate_cmd->add_option("--top-p", gen.sampling.top_p, "sample among the most likely tokens of total probability p")
+      ->capture_default_str()->check(CLI::Range(1e-9, 1.0));
+  generate_cmd->add_option("--seed", gen.sampling.seed, "sampling seed (the same seed, the same text)")->capture_default_str();
+  generate_cmd->add_option("--stop", gen.stop, "end at this text (repeatable; not printed)");
+  generate_cmd->add_option("--tokenizer", gen_tokenizer, "SentencePiece .model (default: the one the run's data names)");
+  generate_cmd->add_flag("--no-doc-start", gen_no_doc_start,
+                         "do not put the document-start token (BOS, or EOS without BOS) before the prompt");
+  generate_cmd->add_flag("--json", gen_json, "print one JSON object (text, token ids, log-probability) at the end instead");
+
   std::string grid;
   int jobs = 1;
   bool dry_run = false, report = false;
@@ -493,6 +565,7 @@ int run(int argc, char** argv) {
     if (*eval) return cmd_eval(run_dir, sets, device, eval_json);
     if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
+    if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
     if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);
     if (*tok_info) return cmd_tokenizer_info(tok_model);

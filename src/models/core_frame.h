@@ -14,6 +14,7 @@
 // A core's forward is begin_forward(), the embedding, its blocks, head_.forward(); its backward
 // begin_backward(), head_.backward(), its blocks in reverse, the embedding's backward.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -166,6 +167,35 @@ class CoreFrame {
   Core& core() { return static_cast<Core&>(*this); }
 };
 
+// The decode state of a core (Model::new_decode_state): named host buffers, one per layer and
+// kind (a conv tail, a recurrent state, a cache), each for B sequences.
+template <class T>
+struct CoreDecodeState : DecodeState {
+  int B = 0;
+  std::vector<std::vector<T>> buffers;
+  size_t bytes() const override {
+    size_t n = 0;
+    for (const auto& b : buffers) n += b.capacity() * sizeof(T);
+    return n;
+  }
+};
+
+// After a piece of T_ tokens: tail [B,K-1,C] (the K-1 conv inputs before the piece) becomes the
+// last K-1 inputs of tail followed by x [B,T_,C] (token stride ldx).
+template <class T>
+void advance_conv_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx) {
+  const int keep = K - 1;
+  if (keep <= 0) return;
+  for (int b = 0; b < B; ++b) {
+    T* tb = tail + size_t(b) * keep * C;
+    const int from_x = std::min(T_, keep), from_tail = keep - from_x;
+    // rows [0, from_tail) <- the tail's last from_tail rows; then the last from_x rows of x
+    for (int r = 0; r < from_tail; ++r) std::copy_n(tb + size_t(r + T_) * C, C, tb + size_t(r) * C);
+    for (int r = 0; r < from_x; ++r)
+      std::copy_n(x + (size_t(b) * T_ + size_t(T_ - from_x + r)) * ldx, C, tb + size_t(from_tail + r) * C);
+  }
+}
+
 // A model computed by its core on the CPU reference ops, over its own flat parameter and
 // gradient buffers. The model class fills net_ (its parameter layout and config) and adds its
 // config.json; the device model (models/device_model_cuda.cpp) runs the same core on CudaOps.
@@ -181,6 +211,20 @@ class CoreModel : public Model<T> {
     return core_.forward(this->params.data(), tokens_.data(), labels ? labels_.data() : nullptr, B, T_);
   }
   void backward() override { core_.backward(this->params.data(), this->grads.data()); }
+  // Piecewise reading where the core has it (new_state, forward_continue).
+  std::unique_ptr<DecodeState> new_decode_state(int B) override {
+    if constexpr (requires(CpuCore& c) { c.new_state(1); }) return core_.new_state(B);
+    else return nullptr;
+  }
+  void forward_continue(const int32_t* tokens, int B, int T_, DecodeState& st) override {
+    if constexpr (requires(CpuCore& c) { c.new_state(1); }) {
+      LRNN_CHECK(B > 0 && T_ > 0, "empty batch {}x{}", B, T_);
+      tokens_.assign(tokens, tokens + size_t(B) * T_);
+      core_.forward_continue(this->params.data(), tokens_.data(), B, T_, st);
+    } else {
+      Model<T>::forward_continue(tokens, B, T_, st);
+    }
+  }
   const T* logits() const override { return core_.logits(); }
   size_t activation_bytes(int B, int T_, bool train) override { return core_.planned_bytes(B, T_, train); }
   const Layout& net() const { return net_; }
@@ -189,7 +233,8 @@ class CoreModel : public Model<T> {
   Layout net_;
 
  private:
-  Core<T, CpuOps<T>> core_{net_};
+  using CpuCore = Core<T, CpuOps<T>>;
+  CpuCore core_{net_};
   std::vector<int32_t> tokens_, labels_;
 };
 

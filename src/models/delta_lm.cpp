@@ -185,10 +185,14 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
     // q|k|v = SiLU(conv(.)), with q|k L2-normalised per head into qkn (on the GPU in one pass,
     // leaving qkvc's q|k part unwritten: nothing reads it).
+    T* tail = carry_ && K > 1 ? carry_->buffers[2 * li].data() : nullptr;  // piecewise reading
+    T* state = carry_ ? carry_->buffers[2 * li + 1].data() : nullptr;
     Ops::short_conv_l2norm_forward(a.qkvc, a.qkn, a.rqk, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W,
-                                   c.Wc(), c.Wqk(), Dk, 1e-6, c.Wqk());
+                                   c.Wc(), c.Wqk(), Dk, 1e-6, c.Wqk(), tail);
+    if constexpr (!Ops::kDevice)
+      if (tail) advance_conv_tail(tail, a.proj, B, T_, c.Wc(), K, c.W);
     if (s.use_forget_gate) Ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
-    Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt);
+    Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt, state);
     if (s.use_output_gate)
       Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
     else
@@ -198,6 +202,32 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     mlp_forward(P, li, next, N, C, I, eps);
   }
   return head_.forward(P, net_.norm, net_.head, labels, N, C, V, eps);
+}
+
+template <class T, class Ops>
+std::unique_ptr<DecodeState> DeltaLMCore<T, Ops>::new_state(int B) const {
+  const DeltaLMSpec& s = net_.spec;
+  const size_t K = s.use_short_conv ? size_t(s.conv_size) : 0;
+  auto st = std::make_unique<CoreDecodeState<T>>();
+  st->B = B;
+  for (int l = 0; l < s.num_hidden_layers; ++l) {
+    st->buffers.emplace_back(size_t(B) * (K > 1 ? K - 1 : 0) * net_.cols.Wc(), T(0));
+    st->buffers.emplace_back(size_t(B) * s.num_heads * s.head_k_dim * s.head_v_dim, T(0));
+  }
+  return st;
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st) {
+  auto& s = dynamic_cast<CoreDecodeState<T>&>(st);
+  LRNN_CHECK(s.B == B, "forward_continue: a state for {} sequences given {}", s.B, B);
+  carry_ = &s;
+  struct Reset {
+    CoreDecodeState<T>*& p;
+    ~Reset() { p = nullptr; }
+  } reset{carry_};
+  forward(P, tokens, nullptr, B, T_);
+  s.position += T_;
 }
 
 template <class T, class Ops>

@@ -71,6 +71,10 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
+  // Piecewise reading (Model::new_decode_state; CPU): per layer the short conv's last K-1 inputs
+  // [B,K-1,Wc] (q|k|v before the conv) and the delta-rule state [B,H,Dk,Dv].
+  std::unique_ptr<DecodeState> new_state(int B) const;
+  void forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st);
 
  private:
   using Frame = CoreFrame<DeltaLMCore, T, Ops>;
@@ -108,6 +112,7 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   std::vector<LayerActs> layers_;
   Grads g_{};
   bool mixed_ = false;  // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
+  CoreDecodeState<T>* carry_ = nullptr;  // the state a forward_continue reads and advances
 };
 
 template <class T>

@@ -49,9 +49,11 @@ size_t delta_rule_ckpt_size(const DeltaRuleDims& d);
 size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d);
 
 // ckpt (optional): receives the checkpoints above.
+// state (optional, inference: not with ckpt) [B,H,Dk,Dv]: the recurrence starts from it instead of
+// 0 and it receives the state after the last token — a sequence read piece by piece.
 template <class T>
 void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
-                        const DeltaRuleDims& d, T* ckpt = nullptr);
+                        const DeltaRuleDims& d, T* ckpt = nullptr, T* state = nullptr);
 
 // ckpt (optional): the forward's checkpoints for the same inputs.
 // accumulate = false: the gradients are written, not added to (their previous content, even

@@ -103,7 +103,7 @@ size_t delta_rule_ckpt_size(const DeltaRuleDims& d) {
 // DK, DV > 0: head dims known at compile time (the loops unroll and vectorise fully); 0: any.
 template <class T, int DK, int DV>
 static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
-                         const DeltaRuleDims& d, T* ckpt) {
+                         const DeltaRuleDims& d, T* ckpt, T* state) {
   const int B = d.B, Tn = d.T, H = d.H, Dk = DK ? DK : d.Dk, Dv = DV ? DV : d.Dv, nh = d.n_h;
   LRNN_CHECK(B > 0 && Tn >= 0 && H > 0 && Dk > 0 && Dv > 0 && nh >= 1, "bad delta rule dims");
   const T bscale = T(beta_scale(d.range)), scale = T(d.out_scale());
@@ -115,7 +115,9 @@ static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta
     for (int bh = 0; bh < B * H; ++bh) {
       const int b = bh / H, h = bh % H;
       Seq<T> s(d, Offsets(d, b, h), q, k, v, beta_logit, g);
-      std::fill_n(S, size_t(Dk) * Dv, T(0));
+      T* carried = state ? state + size_t(bh) * Dk * Dv : nullptr;
+      if (carried) std::copy_n(carried, size_t(Dk) * Dv, S);
+      else std::fill_n(S, size_t(Dk) * Dv, T(0));
       const int nchunks = (Tn + kChunk - 1) / kChunk;
       T* states = ckpt ? ckpt + size_t(bh) * (nchunks + 1) * Dk * Dv : nullptr;
       T* us = ckpt ? ckpt + delta_rule_ckpt_u_offset(d) + size_t(bh) * Tn * nh * Dv : nullptr;
@@ -126,6 +128,7 @@ static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta
         read_out(o + ((size_t(b) * Tn + t) * H + h) * Dv, S, s.qt(t), scale, Dk, Dv);
       }
       if (states) std::copy_n(S, size_t(Dk) * Dv, states + size_t(nchunks) * Dk * Dv);
+      if (carried) std::copy_n(S, size_t(Dk) * Dv, carried);
     }
   }
 }
@@ -271,8 +274,9 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
 
 template <class T>
 void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
-                        const DeltaRuleDims& d, T* ckpt) {
-  LRNN_DELTA_DISPATCH(forward_impl, o, q, k, v, beta_logit, g, d, ckpt)
+                        const DeltaRuleDims& d, T* ckpt, T* state) {
+  LRNN_CHECK(!(ckpt && state), "delta_rule_forward: a carried state is for inference (no checkpoints)");
+  LRNN_DELTA_DISPATCH(forward_impl, o, q, k, v, beta_logit, g, d, ckpt, state)
 }
 
 // Zeroes rows x cols of a token-strided gradient.
@@ -299,7 +303,7 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
 
 #define INST(T)                                                                              \
   template void delta_rule_forward<T>(T*, const T*, const T*, const T*, const T*, const T*,  \
-                                      const DeltaRuleDims&, T*);                             \
+                                      const DeltaRuleDims&, T*, T*);                         \
   template void delta_rule_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, const T*, const DeltaRuleDims&,   \
                                        const T*, bool);

@@ -1220,7 +1220,8 @@ void run_backward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPA
 void set_delta_rule_kernel(DeltaKernel k) { g_kernel.store(int(k)); }
 
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
-                        const float* g, const DeltaRuleDims& d, float* ckpt) {
+                        const float* g, const DeltaRuleDims& d, float* ckpt, float* state) {
+  LRNN_DELTA_REQUIRE(!state);  // a carried state is CPU-only
   check_dims(d);
   if (d.B == 0 || d.T == 0) return;
   Args a = make_args(d);

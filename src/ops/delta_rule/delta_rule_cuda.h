@@ -7,7 +7,8 @@
 #include "ops/delta_rule/delta_rule.h"
 namespace lrnn::ops::cuda {
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
-                        const float* g, const DeltaRuleDims& d, float* ckpt = nullptr);
+                        const float* g, const DeltaRuleDims& d, float* ckpt = nullptr,
+                        float* state = nullptr);  // state: CPU-only for now (must be null)
 void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
                          const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
                          const DeltaRuleDims& d, const float* ckpt = nullptr, bool accumulate = true);

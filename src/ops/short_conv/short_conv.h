@@ -4,6 +4,8 @@
 //   out = silu(pre)
 // x, out [B,T,C]; w [C,K] (PyTorch's Conv1d weight [C,1,K]); bias [C] or null (no bias).
 // With K = 0 the op is a plain SiLU (of x + bias).
+// prev [B,K-1,C] (forward only, may be null): the K-1 inputs before each sequence's first token,
+// in place of zeros — the conv's state when a sequence is read piece by piece.
 // ldx / ldo: elements between tokens of x (and dx) / out (and dout); 0 means C.
 // Backward recomputes `pre` and accumulates into dw and dbias (dw, dbias may be null). dx is
 // accumulated into (dx += ...) when `accumulate` is true (the default), and overwritten when it is
@@ -14,7 +16,7 @@
 namespace lrnn::ops {
 template <class T>
 void short_conv_forward(T* out, const T* x, const T* w, int B, int T_, int C, int K, int ldx = 0, int ldo = 0,
-                        const T* bias = nullptr);
+                        const T* bias = nullptr, const T* prev = nullptr);
 template <class T>
 void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int B, int T_, int C, int K,
                          int ldx = 0, int ldo = 0, const T* bias = nullptr, T* dbias = nullptr,
@@ -25,5 +27,5 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
 // channels; here they hold the conv's output.
 template <class T>
 void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, int B, int T_, int C, int K, int ldx,
-                               int ldo, int Cn, int D, double eps, int ldn = 0);
+                               int ldo, int Cn, int D, double eps, int ldn = 0, const T* prev = nullptr);
 }  // namespace lrnn::ops

@@ -17,10 +17,11 @@ static std::vector<T> transpose_weights(const T* w, int C, int K) {
   return wt;
 }
 
-// pre[c] = bias[c] + sum_j wt[j][c] * x[t-(K-1)+j][c] for one token row (bias may be null).
+// pre[c] = bias[c] + sum_j wt[j][c] * x[t-(K-1)+j][c] for one token row (bias may be null). Rows
+// before the sequence's first are zero, or the rows of pb [K-1, C] when given.
 template <class T>
 static inline void conv_row(T* __restrict pre, const T* xb, const T* wt, const T* bias, int t, int C, int K,
-                            int ldx) {
+                            int ldx, const T* pb = nullptr) {
   if (K == 0) {
     const T* __restrict xr = xb + size_t(t) * ldx;
     if (bias) {
@@ -33,8 +34,9 @@ static inline void conv_row(T* __restrict pre, const T* xb, const T* wt, const T
   }
   if (bias) std::copy_n(bias, C, pre);
   else std::fill_n(pre, C, T(0));
-  for (int j = std::max(0, K - 1 - t); j < K; ++j) {
-    const T* __restrict xr = xb + size_t(t - (K - 1) + j) * ldx;
+  for (int j = pb ? 0 : std::max(0, K - 1 - t); j < K; ++j) {
+    const int r = t - (K - 1) + j;
+    const T* __restrict xr = r >= 0 ? xb + size_t(r) * ldx : pb + size_t(K - 1 + r) * C;
     const T* __restrict wr = wt + size_t(j) * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) pre[c] += wr[c] * xr[c];
@@ -43,7 +45,7 @@ static inline void conv_row(T* __restrict pre, const T* xb, const T* wt, const T
 
 template <class T>
 void short_conv_forward(T* out, const T* x, const T* w, int B, int T_, int C, int K, int ldx, int ldo,
-                        const T* bias) {
+                        const T* bias, const T* prev) {
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   std::vector<T> wt = K ? transpose_weights(w, C, K) : std::vector<T>();
@@ -51,7 +53,8 @@ void short_conv_forward(T* out, const T* x, const T* w, int B, int T_, int C, in
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T_; ++t) {
       T* o = out + (size_t(b) * T_ + t) * ldo;
-      conv_row(o, x + size_t(b) * T_ * ldx, wt.data(), bias, t, C, K, ldx);
+      conv_row(o, x + size_t(b) * T_ * ldx, wt.data(), bias, t, C, K, ldx,
+               prev && K > 1 ? prev + size_t(b) * (K - 1) * C : nullptr);
 #pragma omp simd
       for (int c = 0; c < C; ++c) o[c] = silu(o[c]);
     }
@@ -121,15 +124,15 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
 
 template <class T>
 void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, int B, int T_, int C, int K, int ldx,
-                               int ldo, int Cn, int D, double eps, int ldn) {
-  short_conv_forward<T>(out, x, w, B, T_, C, K, ldx, ldo);
+                               int ldo, int Cn, int D, double eps, int ldn, const T* prev) {
+  short_conv_forward<T>(out, x, w, B, T_, C, K, ldx, ldo, nullptr, prev);
   l2norm_forward<T>(y, rstd, out, B * T_, D, eps, Cn / D, ldo ? ldo : C, ldn);
 }
 
 #define INST(T)                                                                          \
-  template void short_conv_forward<T>(T*, const T*, const T*, int, int, int, int, int, int, const T*); \
+  template void short_conv_forward<T>(T*, const T*, const T*, int, int, int, int, int, int, const T*, const T*); \
   template void short_conv_l2norm_forward<T>(T*, T*, T*, const T*, const T*, int, int, int, int, int, int, int, int, \
-                                             double, int);                                                         \
+                                             double, int, const T*);                                               \
   template void short_conv_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, int, int, \
                                        const T*, T*, bool);
 INST(float)

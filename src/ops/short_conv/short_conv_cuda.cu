@@ -564,7 +564,8 @@ void launch_bwd(const WinPlan& p, float* dx, float* part, float* dw, float* dbia
 }  // namespace
 
 void short_conv_forward(float* out, const float* x, const float* w, int B, int T_, int C, int K, int ldx, int ldo,
-                        const float* bias) {
+                        const float* bias, const float* prev) {
+  LRNN_CHECK(!prev, "short_conv_forward: a carried conv state is CPU-only");
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   if (B <= 0 || T_ <= 0 || C <= 0) return;
@@ -584,7 +585,9 @@ void short_conv_forward(float* out, const float* x, const float* w, int B, int T
 }
 
 void short_conv_l2norm_forward(float* out, float* y, float* rstd, const float* x, const float* w, int B, int T_,
-                               int C, int K, int ldx, int ldo, int Cn, int D, double eps, int ldn) {
+                               int C, int K, int ldx, int ldo, int Cn, int D, double eps, int ldn,
+                               const float* prev) {
+  LRNN_CHECK(!prev, "short_conv_l2norm_forward: a carried conv state is CPU-only");
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   if (!ldn) ldn = Cn;

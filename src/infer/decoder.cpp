@@ -1,0 +1,207 @@
+#include "infer/decoder.h"
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <fmt/format.h>
+#include "core/check.h"
+#include "core/rng.h"
+
+namespace lrnn {
+
+void log_softmax(const float* logits, int V, std::vector<double>& out) {
+  out.resize(size_t(V));
+  double m = -INFINITY;
+  for (int i = 0; i < V; ++i) m = std::max(m, double(logits[i]));
+  double s = 0;
+  for (int i = 0; i < V; ++i) s += std::exp(double(logits[i]) - m);
+  const double lse = m + std::log(s);
+  for (int i = 0; i < V; ++i) out[size_t(i)] = double(logits[i]) - lse;
+}
+
+namespace {
+
+// Token ids ordered by log-probability, most likely first, ties by id; only the first k sorted.
+std::vector<int32_t> ranked(const std::vector<double>& lp, size_t k) {
+  std::vector<int32_t> idx(lp.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min(k, idx.size());
+  auto better = [&](int32_t a, int32_t b) { return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(), better);
+  idx.resize(k);
+  return idx;
+}
+
+}  // namespace
+
+std::vector<std::pair<int32_t, double>> top_logprobs(const std::vector<double>& logprobs, int k) {
+  std::vector<std::pair<int32_t, double>> out;
+  for (int32_t id : ranked(logprobs, size_t(std::max(k, 0)))) out.push_back({id, logprobs[size_t(id)]});
+  return out;
+}
+
+int32_t sample_token(const float* logits, int V, const SamplingOptions& o, uint64_t index) {
+  LRNN_CHECK(V > 0, "sample_token: empty vocabulary");
+  if (!(o.temperature > 0)) {  // greedy; the first of equal maxima
+    return int32_t(std::max_element(logits, logits + V) - logits);
+  }
+  std::vector<float> scaled(logits, logits + V);
+  for (float& x : scaled) x = float(double(x) / o.temperature);
+  std::vector<double> lp;
+  log_softmax(scaled.data(), V, lp);
+  // The candidates: the top_k most likely (all when 0), then the shortest prefix of them whose
+  // probabilities reach top_p (at least one).
+  std::vector<int32_t> cand = ranked(lp, o.top_k > 0 ? size_t(o.top_k) : size_t(V));
+  if (o.top_p < 1.0) {
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < cand.size()) {
+      cum += std::exp(lp[size_t(cand[keep])]);
+      ++keep;
+      if (cum >= o.top_p) break;
+    }
+    cand.resize(std::max<size_t>(keep, 1));
+  }
+  double total = 0;
+  for (int32_t c : cand) total += std::exp(lp[size_t(c)]);
+  // A uniform number in [0, 1) with 53 random bits, addressed by (seed, index).
+  const U32x4 b = Rng{o.seed, 0x67656e}.block(index);
+  const double u = (double(b.v[0] >> 5) * 67108864.0 + double(b.v[1] >> 6)) * (1.0 / 9007199254740992.0);
+  double target = u * total, cum = 0;
+  for (int32_t c : cand) {
+    cum += std::exp(lp[size_t(c)]);
+    if (target < cum) return c;
+  }
+  return cand.back();
+}
+
+Decoder::Decoder(Model<float>& model, int chunk) : model_(model), chunk_(chunk) {
+  LRNN_CHECK(chunk > 0, "Decoder: chunk must be positive");
+  state_ = model_.new_decode_state(1);
+  if (!state_)
+    LRNN_USER_ERROR("model type {}: cannot read text piece by piece yet (no decode state), so it cannot "
+                    "generate or serve", model_.hf_config().value("model_type", std::string("?")));
+}
+
+const float* Decoder::feed(std::span<const int32_t> tokens, const std::function<void(size_t, const float*)>& each) {
+  LRNN_CHECK(!tokens.empty(), "Decoder::feed: no tokens");
+  const int V = model_.vocab_size();
+  for (int32_t t : tokens)
+    if (t < 0 || t >= V) LRNN_USER_ERROR("token id {} is outside the model's vocabulary [0, {})", t, V);
+  for (size_t at = 0; at < tokens.size(); at += size_t(chunk_)) {
+    const int n = int(std::min(tokens.size() - at, size_t(chunk_)));
+    model_.forward_continue(tokens.data() + at, 1, n, *state_);
+    const float* lg = model_.logits();
+    if (each)
+      for (int i = 0; i < n; ++i) each(at + size_t(i), lg + size_t(i) * V);
+    last_.assign(lg + size_t(n - 1) * V, lg + size_t(n) * V);
+  }
+  return last_.data();
+}
+
+void Decoder::reset() {
+  state_ = model_.new_decode_state(1);
+  last_.clear();
+}
+
+int64_t Decoder::position() const { return state_->position; }
+size_t Decoder::state_bytes() const { return state_->bytes(); }
+
+namespace {
+
+// Bytes at the end of s that start a UTF-8 character not yet complete (0 when s ends whole).
+size_t incomplete_utf8_tail(const std::string& s) {
+  size_t n = s.size(), back = 0;
+  while (back < n && back < 4 && (uint8_t(s[n - 1 - back]) & 0xC0) == 0x80) ++back;  // continuation bytes
+  if (back == n) return 0;
+  const uint8_t lead = uint8_t(s[n - 1 - back]);
+  const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return back + 1 < need ? back + 1 : 0;
+}
+
+bool ends_with_replacement(const std::string& s) {  // U+FFFD: SentencePiece's mark for incomplete bytes
+  return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+}
+
+}  // namespace
+
+Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const int32_t> prompt,
+                    const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
+  LRNN_CHECK(opt.max_tokens >= 0, "generate: max_tokens < 0");
+  Generation g;
+  g.finish_reason = "length";
+  if (prompt.empty()) LRNN_USER_ERROR("generate: the prompt has no tokens");
+  const int V = dec.vocab_size();
+  const float* logits = dec.feed(prompt);
+  std::vector<double> lp;
+  std::vector<int32_t> ids;   // generated so far
+  size_t prefix = 0, read = 0;  // the incremental detokenizer's window (see below)
+  std::string text;           // generated text made final so far
+  size_t emitted = 0;         // bytes of text handed to on_text
+  size_t hold = 0;            // bytes a stop string could still need at the end
+  for (const auto& s : opt.stop) hold = std::max(hold, s.empty() ? size_t(0) : s.size() - 1);
+  bool cancelled = false, stop_string = false;
+  auto emit = [&](size_t upto) {
+    if (upto <= emitted) return;
+    if (on_text && !on_text(text.substr(emitted, upto - emitted))) cancelled = true;
+    g.text += text.substr(emitted, upto - emitted);
+    emitted = upto;
+  };
+  for (int i = 0; i < opt.max_tokens; ++i) {
+    const int32_t t = sample_token(logits, V, opt.sampling, uint64_t(i));
+    if (opt.stop_at_eos && t == tok.eos_id()) {
+      g.finish_reason = "stop";
+      break;
+    }
+    log_softmax(logits, V, lp);
+    g.tokens.push_back({t, lp[size_t(t)]});
+    ids.push_back(t);
+    // SentencePiece drops the space that starts a text, so a token's text is the difference
+    // between decoding a window with and without it; the window starts at the last token whose
+    // text is final, and text ending inside a UTF-8 character waits for its next bytes.
+    const std::span<const int32_t> all(ids);
+    const std::string before = tok.decode(all.subspan(prefix, read - prefix));
+    const std::string now = tok.decode(all.subspan(prefix));
+    if (now.size() > before.size() && now.compare(0, before.size(), before) == 0 && !ends_with_replacement(now) &&
+        incomplete_utf8_tail(now) == 0) {
+      text += now.substr(before.size());
+      prefix = read;
+      read = ids.size();
+    }
+    // The first stop string in the text ends it there.
+    size_t cut = std::string::npos;
+    for (const auto& s : opt.stop) {
+      if (s.empty()) continue;
+      size_t p = text.find(s, emitted > s.size() ? emitted - s.size() : 0);
+      if (p != std::string::npos) cut = std::min(cut, p);
+    }
+    if (cut != std::string::npos) {
+      text.resize(cut);
+      emit(cut);
+      g.finish_reason = "stop";
+      stop_string = true;
+      break;
+    }
+    size_t safe = text.size() > hold ? text.size() - hold : 0;
+    while (safe > emitted && safe < text.size() && (uint8_t(text[safe]) & 0xC0) == 0x80) --safe;  // whole characters
+    emit(safe);
+    if (cancelled) {
+      g.finish_reason = "cancelled";
+      break;
+    }
+    if (i + 1 < opt.max_tokens) logits = dec.feed(std::span<const int32_t>(&ids.back(), 1));
+  }
+  if (g.finish_reason != "cancelled") {
+    // What the detokenizer still holds (an unfinished character at the very end) and any text
+    // held back for stop strings.
+    const std::span<const int32_t> all(ids);
+    const std::string before = tok.decode(all.subspan(prefix, read - prefix));
+    const std::string now = tok.decode(all.subspan(prefix));
+    if (!stop_string && now.size() > before.size() && now.compare(0, before.size(), before) == 0)
+      text += now.substr(before.size());
+    emit(text.size());
+    if (cancelled) g.finish_reason = "cancelled";
+  }
+  return g;
+}
+
+}  // namespace lrnn
