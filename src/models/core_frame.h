@@ -92,6 +92,35 @@ struct LmHead {
   }
 };
 
+// The decode state of a core (Model::new_decode_state): named host buffers, one per layer and
+// kind (a conv tail, a recurrent state, a cache), each for B sequences.
+template <class T>
+struct CoreDecodeState : DecodeState {
+  int B = 0;
+  std::vector<std::vector<T>> buffers;
+  size_t bytes() const override {
+    size_t n = 0;
+    for (const auto& b : buffers) n += b.capacity() * sizeof(T);
+    return n;
+  }
+};
+
+// After a piece of T_ tokens: tail [B,K-1,C] (the K-1 conv inputs before the piece) becomes the
+// last K-1 inputs of tail followed by x [B,T_,C] (token stride ldx).
+template <class T>
+void advance_conv_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx) {
+  const int keep = K - 1;
+  if (keep <= 0) return;
+  for (int b = 0; b < B; ++b) {
+    T* tb = tail + size_t(b) * keep * C;
+    const int from_x = std::min(T_, keep), from_tail = keep - from_x;
+    // rows [0, from_tail) <- the tail's last from_tail rows; then the last from_x rows of x
+    for (int r = 0; r < from_tail; ++r) std::copy_n(tb + size_t(r + T_) * C, C, tb + size_t(r) * C);
+    for (int r = 0; r < from_x; ++r)
+      std::copy_n(x + (size_t(b) * T_ + size_t(T_ - from_x + r)) * ldx, C, tb + size_t(from_tail + r) * C);
+  }
+}
+
 // The base of a core (CRTP: Core derives from CoreFrame<Core, T, Ops> and befriends it, which
 // calls its carve and carve_grads). Every core offers, over flat parameter (P) and gradient (G)
 // buffers in its backend's memory:
@@ -128,6 +157,19 @@ class CoreFrame {
   const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
   // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
   int generation() const { return arena_.generation() + grad_arena_.generation(); }
+  // The forward (no labels) of a piece of the sequences `st` has read (Model::forward_continue;
+  // CPU): the core's forward reads and advances the state through carried(i) while it runs.
+  void forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st) {
+    auto& s = dynamic_cast<CoreDecodeState<T>&>(st);
+    LRNN_CHECK(s.B == B, "forward_continue: a state for {} sequences given {}", s.B, B);
+    carry_ = &s;
+    struct Reset {
+      CoreDecodeState<T>*& p;
+      ~Reset() { p = nullptr; }
+    } reset{carry_};
+    core().forward(P, tokens, nullptr, B, T_);
+    s.position += T_;
+  }
 
  protected:
   // A forward's first step: carves the activations for (B, T_) (with what the backward needs when
@@ -162,39 +204,15 @@ class CoreFrame {
   const int32_t *tokens_ = nullptr, *labels_ = nullptr;
   int Bc_ = 0, Tc_ = 0;   // shape of the last forward
   bool trained_ = false;  // the last forward kept what backward needs
+  // Buffer i of the decode state during a forward_continue (null otherwise, or when empty).
+  T* carried(size_t i) const {
+    return carry_ && !carry_->buffers[i].empty() ? carry_->buffers[i].data() : nullptr;
+  }
+  CoreDecodeState<T>* carry_ = nullptr;
 
  private:
   Core& core() { return static_cast<Core&>(*this); }
 };
-
-// The decode state of a core (Model::new_decode_state): named host buffers, one per layer and
-// kind (a conv tail, a recurrent state, a cache), each for B sequences.
-template <class T>
-struct CoreDecodeState : DecodeState {
-  int B = 0;
-  std::vector<std::vector<T>> buffers;
-  size_t bytes() const override {
-    size_t n = 0;
-    for (const auto& b : buffers) n += b.capacity() * sizeof(T);
-    return n;
-  }
-};
-
-// After a piece of T_ tokens: tail [B,K-1,C] (the K-1 conv inputs before the piece) becomes the
-// last K-1 inputs of tail followed by x [B,T_,C] (token stride ldx).
-template <class T>
-void advance_conv_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx) {
-  const int keep = K - 1;
-  if (keep <= 0) return;
-  for (int b = 0; b < B; ++b) {
-    T* tb = tail + size_t(b) * keep * C;
-    const int from_x = std::min(T_, keep), from_tail = keep - from_x;
-    // rows [0, from_tail) <- the tail's last from_tail rows; then the last from_x rows of x
-    for (int r = 0; r < from_tail; ++r) std::copy_n(tb + size_t(r + T_) * C, C, tb + size_t(r) * C);
-    for (int r = 0; r < from_x; ++r)
-      std::copy_n(x + (size_t(b) * T_ + size_t(T_ - from_x + r)) * ldx, C, tb + size_t(from_tail + r) * C);
-  }
-}
 
 // A model computed by its core on the CPU reference ops, over its own flat parameter and
 // gradient buffers. The model class fills net_ (its parameter layout and config) and adds its

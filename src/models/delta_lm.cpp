@@ -185,8 +185,8 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
     // q|k|v = SiLU(conv(.)), with q|k L2-normalised per head into qkn (on the GPU in one pass,
     // leaving qkvc's q|k part unwritten: nothing reads it).
-    T* tail = carry_ && K > 1 ? carry_->buffers[2 * li].data() : nullptr;  // piecewise reading
-    T* state = carry_ ? carry_->buffers[2 * li + 1].data() : nullptr;
+    T* tail = carried(2 * li);  // piecewise reading (forward_continue): the conv's and the delta rule's state
+    T* state = carried(2 * li + 1);
     Ops::short_conv_l2norm_forward(a.qkvc, a.qkn, a.rqk, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W,
                                    c.Wc(), c.Wqk(), Dk, 1e-6, c.Wqk(), tail);
     if constexpr (!Ops::kDevice)
@@ -215,19 +215,6 @@ std::unique_ptr<DecodeState> DeltaLMCore<T, Ops>::new_state(int B) const {
     st->buffers.emplace_back(size_t(B) * s.num_heads * s.head_k_dim * s.head_v_dim, T(0));
   }
   return st;
-}
-
-template <class T, class Ops>
-void DeltaLMCore<T, Ops>::forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st) {
-  auto& s = dynamic_cast<CoreDecodeState<T>&>(st);
-  LRNN_CHECK(s.B == B, "forward_continue: a state for {} sequences given {}", s.B, B);
-  carry_ = &s;
-  struct Reset {
-    CoreDecodeState<T>*& p;
-    ~Reset() { p = nullptr; }
-  } reset{carry_};
-  forward(P, tokens, nullptr, B, T_);
-  s.position += T_;
 }
 
 template <class T, class Ops>

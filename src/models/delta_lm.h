@@ -74,12 +74,11 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   // Piecewise reading (Model::new_decode_state; CPU): per layer the short conv's last K-1 inputs
   // [B,K-1,Wc] (q|k|v before the conv) and the delta-rule state [B,H,Dk,Dv].
   std::unique_ptr<DecodeState> new_state(int B) const;
-  void forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st);
 
  private:
   using Frame = CoreFrame<DeltaLMCore, T, Ops>;
   friend Frame;
-  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_, Frame::carried;
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* proj;  // [N, W]    q|k|v pre-conv, beta logits, forget-gate logits, output gate
@@ -112,7 +111,6 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   std::vector<LayerActs> layers_;
   Grads g_{};
   bool mixed_ = false;  // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
-  CoreDecodeState<T>* carry_ = nullptr;  // the state a forward_continue reads and advances
 };
 
 template <class T>

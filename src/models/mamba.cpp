@@ -133,6 +133,19 @@ ops::SelectiveScanInputs<T> MambaCore<T, Ops>::scan_inputs(const LayerActs& a, c
 }
 
 template <class T, class Ops>
+std::unique_ptr<DecodeState> MambaCore<T, Ops>::new_state(int B) const {
+  const MambaConfig& cfg = net_.cfg;
+  const size_t Di = size_t(cfg.d_inner()), K = size_t(cfg.conv_kernel);
+  auto st = std::make_unique<CoreDecodeState<T>>();
+  st->B = B;
+  for (size_t l = 0; l < net_.layers.size(); ++l) {
+    st->buffers.emplace_back(size_t(B) * (K > 1 ? K - 1 : 0) * Di, T(0));
+    st->buffers.emplace_back(size_t(B) * cfg.state_size * Di, T(0));
+  }
+  return st;
+}
+
+template <class T, class Ops>
 double MambaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
   this->begin_forward(tokens, labels, B, T_);
   const MambaConfig& cfg = net_.cfg;
@@ -147,10 +160,14 @@ double MambaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32
     auto& w = net_.layers[li];
     Ops::rmsnorm_forward(a.x1, a.rstd, a.h, P + w.norm, N, C, cfg.layer_norm_epsilon);
     Ops::linear_forward(a.xz, a.x1, P + w.in_proj, opt(w.in_bias), N, C, 2 * Di);   // x | z
-    Ops::short_conv_forward(a.xc, a.xz, P + w.conv, B, T_, Di, K, 2 * Di, Di, opt(w.conv_bias));
+    T* tail = carried(2 * li);  // piecewise reading (forward_continue): the conv's and the scan's state
+    T* state = carried(2 * li + 1);
+    Ops::short_conv_forward(a.xc, a.xz, P + w.conv, B, T_, Di, K, 2 * Di, Di, opt(w.conv_bias), tail);
+    if constexpr (!Ops::kDevice)
+      if (tail) advance_conv_tail(tail, a.xz, B, T_, Di, K, 2 * Di);
     Ops::linear_forward(a.dbc, a.xc, P + w.x_proj, nullptr, N, Di, W);              // dt | B | C
     Ops::gemm(false, true, N, Di, R, T(1), a.dbc, W, P + w.dt_proj, R, T(0), a.dtr, Di);
-    Ops::selective_scan_forward(a.y, scan_inputs(a, P, w), sd, a.ckpt);
+    Ops::selective_scan_forward(a.y, scan_inputs(a, P, w), sd, a.ckpt, state);
     T* next = li + 1 < net_.layers.size() ? layers_[li + 1].h : head_.hout;
     Ops::linear_forward(next, a.y, P + w.out_proj, opt(w.out_bias), N, Di, C);
     Ops::add_inplace(next, a.h, size_t(N) * C);

@@ -83,11 +83,14 @@ class MambaCore : public CoreFrame<MambaCore<T, Ops>, T, Ops> {
   // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
+  // Piecewise reading (Model::new_decode_state; CPU): per layer the conv's last K-1 inputs
+  // [B,K-1,Di] and the scan's state [B][N*Di].
+  std::unique_ptr<DecodeState> new_state(int B) const;
 
  private:
   using Frame = CoreFrame<MambaCore, T, Ops>;
   friend Frame;
-  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_, Frame::carried;
   struct LayerActs {
     T *h, *rstd, *x1;
     T* xz;    // [N, 2Di]   in_proj output: x | z

@@ -34,6 +34,10 @@ const std::vector<Case>& cases() {
       {"gated_deltaproduct_3", "{model_type: gated_deltaproduct, vocab_size: 7, hidden_size: 8, num_hidden_layers: 2,"
                                " num_heads: 2, head_dim: 3, num_householder: 3, allow_neg_eigval: true,"
                                " intermediate_size: 12, initializer_range: 0.5}"},
+      {"mamba_unit", "{model_type: mamba, vocab_size: 7, hidden_size: 8, state_size: 4, num_hidden_layers: 2,"
+                     " expand: 2, conv_kernel: 3, time_step_rank: 2, initializer_range: 0.5}"},
+      {"mamba_signed_k4", "{model_type: mamba, vocab_size: 7, hidden_size: 8, state_size: 16, num_hidden_layers: 2,"
+                          " expand: 2, conv_kernel: 4, allow_neg_eigval: true, initializer_range: 0.5}"},
   };
   return c;
 }

@@ -63,9 +63,11 @@ constexpr int kScanChunk = 16;
 size_t selective_scan_ckpt_size(const SelectiveScanDims& d);
 
 // ckpt (optional): receives the states at chunk starts for the backward.
+// state (optional, inference: not with ckpt) [B][N*Di] (state index outer, channel inner): the
+// scan starts from it instead of 0 and it receives the state after the last token.
 template <class T>
 void selective_scan_forward(T* y, const SelectiveScanInputs<T>& in, const SelectiveScanDims& d,
-                            T* ckpt = nullptr);
+                            T* ckpt = nullptr, T* state = nullptr);
 
 // dy [B,T,Di] packed. ckpt (optional): the forward's chunk-start states for the same inputs.
 template <class T>

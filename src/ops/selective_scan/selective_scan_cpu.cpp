@@ -120,7 +120,7 @@ size_t selective_scan_ckpt_size(const SelectiveScanDims& d) {
 }
 
 template <class T, int NS, EigenRange R>
-static void forward_impl(T* y, const SelectiveScanInputs<T>& in, const SelectiveScanDims& d, T* ckpt) {
+static void forward_impl(T* y, const SelectiveScanInputs<T>& in, const SelectiveScanDims& d, T* ckpt, T* state) {
   const int Tn = d.T, Di = d.Di, N = NS ? NS : d.N;
   const size_t SS = size_t(N) * Di;
   const int nchunks = (Tn + kScanChunk - 1) / kScanChunk;
@@ -133,7 +133,9 @@ static void forward_impl(T* y, const SelectiveScanInputs<T>& in, const Selective
 #pragma omp for schedule(static)
     for (int b = 0; b < d.B; ++b) {
       Rows<T> r(in, d, b);
-      std::fill_n(h, SS, T(0));
+      T* carried = state ? state + size_t(b) * SS : nullptr;
+      if (carried) std::copy_n(carried, SS, h);
+      else std::fill_n(h, SS, T(0));
       for (int t = 0; t < Tn; ++t) {
         if (ckpt && t % kScanChunk == 0)
           std::copy_n(h, SS, ckpt + (size_t(b) * nchunks + t / kScanChunk) * SS);
@@ -145,6 +147,7 @@ static void forward_impl(T* y, const SelectiveScanInputs<T>& in, const Selective
           for (int c = 0; c < Di; ++c) yr[c] *= silu(z[c]);
         }
       }
+      if (carried) std::copy_n(h, SS, carried);
     }
   }
 }
@@ -309,9 +312,11 @@ static void backward_impl(const SelectiveScanGrads<T>& g, const T* dy, const Sel
   return FN<T, 0, EigenRange::Unit>(__VA_ARGS__);
 
 template <class T>
-void selective_scan_forward(T* y, const SelectiveScanInputs<T>& in, const SelectiveScanDims& d, T* ckpt) {
+void selective_scan_forward(T* y, const SelectiveScanInputs<T>& in, const SelectiveScanDims& d, T* ckpt,
+                            T* state) {
   check_dims(d);
-  LRNN_SCAN_DISPATCH(forward_impl, y, in, d, ckpt)
+  LRNN_CHECK(!(ckpt && state), "selective_scan_forward: a carried state is for inference (no checkpoints)");
+  LRNN_SCAN_DISPATCH(forward_impl, y, in, d, ckpt, state)
 }
 
 template <class T>
@@ -324,7 +329,7 @@ void selective_scan_backward(const SelectiveScanGrads<T>& grad, const T* dy, con
 #define INST(T)                                                                                         \
   template T scan_softplus<T>(T);                                                                       \
   template void selective_scan_forward<T>(T*, const SelectiveScanInputs<T>&, const SelectiveScanDims&,  \
-                                          T*);                                                          \
+                                          T*, T*);                                                      \
   template void selective_scan_backward<T>(const SelectiveScanGrads<T>&, const T*,                      \
                                            const SelectiveScanInputs<T>&, const SelectiveScanDims&,     \
                                            const T*);

@@ -433,7 +433,9 @@ struct Bwd {
 
 }  // namespace
 
-void selective_scan_forward(float* y, const SelectiveScanInputs<float>& in, const SelectiveScanDims& d, float* ckpt) {
+void selective_scan_forward(float* y, const SelectiveScanInputs<float>& in, const SelectiveScanDims& d, float* ckpt,
+                            float* state) {
+  LRNN_CHECK(!state, "selective_scan_forward: a carried state is CPU-only");
   Args a = make_args(in, d);
   if (d.T == 0) return;
   a.y = y, a.ckpt_out = ckpt;
