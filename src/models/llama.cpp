@@ -1,6 +1,7 @@
 #include "models/llama.h"
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace lrnn {
 
@@ -108,13 +109,67 @@ void LlamaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
 }
 
 template <class T, class Ops>
+std::unique_ptr<DecodeState> LlamaCore<T, Ops>::new_state(int B) const {
+  auto st = std::make_unique<CoreDecodeState<T>>();
+  st->B = B;
+  st->buffers.resize(2 * net_.layers.size());  // keys, values per layer; empty until the first token
+  return st;
+}
+
+namespace {
+
+// Attention of T new tokens over the KV cache (the P tokens before them and themselves): for
+// sequence b, head h and new token i, o = softmax_j(scale q_i . k_j) v_j over j <= P + i. The
+// cache holds [P + T][B][C] keys and values; q [B,T] rows of stride ldq; o [B,T,C]. The plain
+// loop (inference reads a token or a prompt chunk at a time; the training attention op has no
+// cache).
+template <class T>
+void cached_attention(T* o, const T* q, int ldq, const T* keys, const T* values, int B, int T_, int P, int H, int D,
+                      double scale) {
+  const int C = H * D;
+#pragma omp parallel
+  {
+    std::vector<double> p(static_cast<size_t>(P + T_)), acc(static_cast<size_t>(D));
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < T_; ++i)
+        for (int h = 0; h < H; ++h) {
+          const T* qi = q + (size_t(b) * T_ + i) * ldq + size_t(h) * D;
+          const int n = P + i + 1;
+          double m = -INFINITY;
+          for (int j = 0; j < n; ++j) {
+            const T* kj = keys + (size_t(j) * B + b) * C + size_t(h) * D;
+            double s = 0;
+            for (int d = 0; d < D; ++d) s += double(qi[d]) * double(kj[d]);
+            p[size_t(j)] = s * scale;
+            m = std::max(m, p[size_t(j)]);
+          }
+          double z = 0;
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int j = 0; j < n; ++j) {
+            const double e = std::exp(p[size_t(j)] - m);
+            z += e;
+            const T* vj = values + (size_t(j) * B + b) * C + size_t(h) * D;
+            for (int d = 0; d < D; ++d) acc[size_t(d)] += e * double(vj[d]);
+          }
+          T* oi = o + (size_t(b) * T_ + i) * C + size_t(h) * D;
+          for (int d = 0; d < D; ++d) oi[d] = T(acc[size_t(d)] / z);
+        }
+  }
+}
+
+}  // namespace
+
+template <class T, class Ops>
 double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_) {
   this->begin_forward(tokens, labels, B, T_);
   const LlamaConfig& cfg = net_.cfg;
   const int N = B * T_, C = cfg.hidden_size, I = cfg.mlp_size(), V = cfg.vocab_size;
   const double eps = cfg.rms_norm_eps;
-  const auto rd = rope_dims(cfg, B, T_);
+  auto rd = rope_dims(cfg, B, T_);
   const auto ad = attn_dims(cfg, B, T_);
+  const int cached = carry_ ? int(carry_->position) : 0;  // tokens already in the KV cache
+  rd.offset = cached;
 
   Ops::embedding_forward(layers_[0].h, tokens, P + net_.emb, N, C, V);
   for (size_t li = 0; li < net_.layers.size(); ++li) {
@@ -123,7 +178,21 @@ double LlamaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32
     Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.input_norm, N, C, eps);
     Ops::linear_forward(a.qkv, a.x1, P + w.q_proj, nullptr, N, C, 3 * C);  // q|k|v
     Ops::rope_forward(a.qk, a.qkv, rd);                                     // q and k together
-    Ops::attention_forward(a.att, a.lse, a.qk, a.qk + C, a.qkv + 2 * C, ad);
+    if constexpr (!Ops::kDevice) {
+      if (carry_) {  // piecewise reading: append this piece's keys and values, attend over the cache
+        auto& keys = carry_->buffers[2 * li];
+        auto& values = carry_->buffers[2 * li + 1];
+        for (int t = 0; t < T_; ++t)
+          for (int b = 0; b < B; ++b) {
+            const size_t n = size_t(b) * T_ + t;
+            keys.insert(keys.end(), a.qk + n * 2 * C + C, a.qk + n * 2 * C + 2 * C);
+            values.insert(values.end(), a.qkv + n * 3 * C + 2 * C, a.qkv + n * 3 * C + 3 * C);
+          }
+        cached_attention(a.att, a.qk, 2 * C, keys.data(), values.data(), B, T_, cached, cfg.num_attention_heads,
+                         cfg.head_dim(), ad.softmax_scale());
+      }
+    }
+    if (!carry_) Ops::attention_forward(a.att, a.lse, a.qk, a.qk + C, a.qkv + 2 * C, ad);
     Ops::linear_forward_residual(a.hmid, a.att, P + w.o_proj, a.h, N, C, C);  // hmid = h + o_proj(att)
     Ops::rmsnorm_forward(a.x2, a.rstd2, a.hmid, P + w.post_norm, N, C, eps);
     Ops::linear_forward(a.gu, a.x2, P + w.gate_proj, nullptr, N, C, 2 * I);  // gate|up

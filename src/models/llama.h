@@ -53,11 +53,14 @@ class LlamaCore : public CoreFrame<LlamaCore<T, Ops>, T, Ops> {
   // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
+  // Piecewise reading (Model::new_decode_state; CPU): the KV cache, per layer the keys (after
+  // RoPE) and the values of every token read, [position][B][C] each; it grows with the length.
+  std::unique_ptr<DecodeState> new_state(int B) const;
 
  private:
   using Frame = CoreFrame<LlamaCore, T, Ops>;
   friend Frame;
-  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_;
+  using Frame::head_, Frame::tokens_, Frame::labels_, Frame::Bc_, Frame::Tc_, Frame::carried, Frame::carry_;
   struct LayerActs {
     T *h, *rstd1, *x1;
     T* qkv;   // [N, 3C]  q|k|v, one GEMM

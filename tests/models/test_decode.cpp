@@ -38,6 +38,8 @@ const std::vector<Case>& cases() {
                      " expand: 2, conv_kernel: 3, time_step_rank: 2, initializer_range: 0.5}"},
       {"mamba_signed_k4", "{model_type: mamba, vocab_size: 7, hidden_size: 8, state_size: 16, num_hidden_layers: 2,"
                           " expand: 2, conv_kernel: 4, allow_neg_eigval: true, initializer_range: 0.5}"},
+      {"llama", "{model_type: llama, vocab_size: 7, hidden_size: 8, num_hidden_layers: 2, num_attention_heads: 2,"
+                " intermediate_size: 12, initializer_range: 0.5, rope_theta: 50.0}", /*grows=*/true},
   };
   return c;
 }

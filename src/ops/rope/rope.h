@@ -1,5 +1,5 @@
 // Rotary position embedding, HF Llama convention (`rotate_half`): for head dim D (even),
-// half = D/2, inv_freq[i] = theta^(-2i/D), angle a(t, i) = t * inv_freq[i] at position t = 0..T-1,
+// half = D/2, inv_freq[i] = theta^(-2i/D), angle a(t, i) = (t + offset) * inv_freq[i] at position t = 0..T-1,
 //   out[i]        = x[i] cos a(t,i) - x[i+half] sin a(t,i)        (i < half)
 //   out[i + half] = x[i+half] cos a(t,i) + x[i] sin a(t,i)
 // i.e. out = x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), rotate_half(x) = cat(-x2, x1).
@@ -14,6 +14,7 @@ struct RopeDims {
   int B = 0, T = 0, H = 0, D = 0;
   double theta = 10000.0;
   int ldx = 0, ldo = 0;
+  int offset = 0;  // position of the first token (a piece of a longer sequence: angles (t + offset) inv_freq)
   int lx() const { return ldx ? ldx : H * D; }
   int lo() const { return ldo ? ldo : H * D; }
 };

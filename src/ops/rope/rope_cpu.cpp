@@ -18,7 +18,7 @@ void tables(const RopeDims& d, T*& cs, T*& sn) {
     // HF: 1 / theta^(arange(0, D, 2) / D)
     const double inv_freq = 1.0 / std::pow(d.theta, double(2 * i) / double(d.D));
     for (int t = 0; t < d.T; ++t) {
-      const double a = double(t) * inv_freq;
+      const double a = double(t + d.offset) * inv_freq;
       cs[size_t(t) * half + i] = T(std::cos(a));
       sn[size_t(t) * half + i] = T(std::sin(a));
     }

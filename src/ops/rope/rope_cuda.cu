@@ -15,12 +15,13 @@ constexpr int kMaxHalf = 2048;  // D <= 4096
 
 template <bool kBackward>
 __global__ void __launch_bounds__(kThreads) rope_kernel(float* __restrict__ dst, const float* __restrict__ src, int B,
-                                                        int T_, int H, int D, double theta, int ld_dst, int ld_src) {
+                                                        int T_, int H, int D, double theta, int ld_dst, int ld_src,
+                                                        int offset) {
   __shared__ float2 cs[kMaxHalf];
   const int t = blockIdx.x, half = D / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     // HF: inv_freq = 1 / theta^(2i/D); angle t * inv_freq.
-    const double ang = double(t) / pow(theta, double(2 * i) / double(D));
+    const double ang = double(t + offset) / pow(theta, double(2 * i) / double(D));
     cs[i] = make_float2(float(cos(ang)), float(sin(ang)));
   }
   __syncthreads();
@@ -55,14 +56,14 @@ void check(const RopeDims& d) {
 void rope_forward(float* out, const float* x, const RopeDims& d) {
   check(d);
   const dim3 grid(unsigned(d.T), unsigned((d.B + kRows - 1) / kRows));
-  rope_kernel<false><<<grid, kThreads, 0, lrnn::cuda::stream()>>>(out, x, d.B, d.T, d.H, d.D, d.theta, d.lo(), d.lx());
+  rope_kernel<false><<<grid, kThreads, 0, lrnn::cuda::stream()>>>(out, x, d.B, d.T, d.H, d.D, d.theta, d.lo(), d.lx(), d.offset);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void rope_backward(float* dx, const float* dout, const RopeDims& d) {
   check(d);
   const dim3 grid(unsigned(d.T), unsigned((d.B + kRows - 1) / kRows));
-  rope_kernel<true><<<grid, kThreads, 0, lrnn::cuda::stream()>>>(dx, dout, d.B, d.T, d.H, d.D, d.theta, d.lx(), d.lo());
+  rope_kernel<true><<<grid, kThreads, 0, lrnn::cuda::stream()>>>(dx, dout, d.B, d.T, d.H, d.D, d.theta, d.lx(), d.lo(), d.offset);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
