@@ -133,8 +133,11 @@ Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const in
   const int V = dec.vocab_size();
   const float* logits = dec.feed(prompt);
   std::vector<double> lp;
-  std::vector<int32_t> ids;   // generated so far
-  size_t prefix = 0, read = 0;  // the incremental detokenizer's window (see below)
+  // The prompt's last token, then the generated ones; the incremental detokenizer's window
+  // [prefix, read) starts at that token, whose text is the prompt's (so the first generated
+  // token's leading space survives).
+  std::vector<int32_t> ids{prompt.back()};
+  size_t prefix = 0, read = 1;
   std::string text;           // generated text made final so far
   size_t emitted = 0;         // bytes of text handed to on_text
   size_t hold = 0;            // bytes a stop string could still need at the end
