@@ -99,6 +99,35 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   EXPECT_EQ(longer["loss_by_position"].size(), 256u);
   EXPECT_EQ(int64_t(longer["context"]), 256);
 
+  // `lrnn generate`: greedy continuation, one token per forward through the decode state, equals
+  // what one whole forward (`lrnn predict`) over the prompt and the generated tokens predicts.
+  const std::string run = "'" + (dir / "run").string() + "'";
+  RunResult g = run_lrnn("generate --run " + run + " --prompt 'ROMEO:' --max-tokens 12 --temperature 0 --json");
+  ASSERT_EQ(g.code, 0) << g.out;
+  auto gj = nlohmann::json::parse(g.out);
+  std::vector<int32_t> all = gj["prompt_tokens"].get<std::vector<int32_t>>();
+  const size_t np = all.size();
+  for (int32_t t : gj["tokens"].get<std::vector<int32_t>>()) all.push_back(t);
+  ASSERT_GT(all.size(), np);
+  std::string ids;
+  for (int32_t t : all) ids += std::to_string(t) + " ";
+  RunResult p = run_lrnn("predict --run " + run + " --tokens '" + ids + "'");
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto pj = nlohmann::json::parse(p.out);
+  for (size_t i = np - 1; i + 1 < all.size(); ++i) EXPECT_EQ(int32_t(pj["positions"][i]["predicted"]), all[i + 1]) << i;
+  // The same seed, the same text; the text is streamed to stdout after the prompt.
+  // (The statistics line that follows on stderr holds a timing: compared up to it.)
+  const std::string sample = "generate --run " + run + " --prompt 'ROMEO: I will' --max-tokens 20 --seed 4";
+  RunResult s1 = run_lrnn(sample), s2 = run_lrnn(sample);
+  ASSERT_EQ(s1.code, 0) << s1.out;
+  const std::string text1 = s1.out.substr(0, s1.out.find("\n[")), text2 = s2.out.substr(0, s2.out.find("\n["));
+  EXPECT_EQ(text1, text2);
+  EXPECT_EQ(text1.rfind("ROMEO: I will", 0), 0u) << s1.out;
+  EXPECT_GT(text1.size(), std::string("ROMEO: I will").size()) << s1.out;
+  RunResult bad = run_lrnn("generate --run " + run + " --prompt x --tokenizer '" + (dir / "none.model").string() + "'");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("none.model"), std::string::npos) << bad.out;
+
   // `lrnn data` prints the run's training windows: context tokens in, the next tokens out.
   RunResult d = run_lrnn("data --config '" + (dir / "lm.yaml").string() + "' --n 2");
   ASSERT_EQ(d.code, 0) << d.out;
