@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include "core/check.h"
 #include "core/version.h"
@@ -248,7 +249,7 @@ int cmd_generate(const std::string& run, const std::string& prompt, const std::s
                  bool no_doc_start, bool json) {
   // Generation reads one token per forward: the CPU's reference ops (the CUDA ops have no carried
   // state yet), whatever device the run trained on.
-  LoadedRun r = load_run(run, {}, "cpu");
+  LoadedRun r = load_run(run, {}, "cpu", /*open_task=*/false);
   data::Tokenizer tok = run_tokenizer(r, tokenizer);
   std::vector<int32_t> ids;
   if (!no_doc_start) ids.push_back(document_start(tok));
@@ -278,6 +279,8 @@ int cmd_generate(const std::string& run, const std::string& prompt, const std::s
     nlohmann::json j = {{"prompt", prompt},       {"prompt_tokens", ids},        {"text", g.text},
                         {"tokens", out_ids},      {"logprob", logprob},          {"finish_reason", g.finish_reason},
                         {"seconds", sec},         {"state_bytes", dec.state_bytes()}};
+    struct rusage ru {};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
@@ -482,6 +485,8 @@ int run(int argc, char** argv) {
   generate_cmd->add_option("--tokenizer", gen_tokenizer, "SentencePiece .model (default: the one the run's data names)");
   generate_cmd->add_flag("--no-doc-start", gen_no_doc_start,
                          "do not put the document-start token (BOS, or EOS without BOS) before the prompt");
+  bool gen_ignore_eos = false;
+  generate_cmd->add_flag("--ignore-eos", gen_ignore_eos, "go on past EOS (benchmarks: always --max-tokens tokens)");
   generate_cmd->add_flag("--json", gen_json, "print one JSON object (text, token ids, log-probability) at the end instead");
 
   std::string grid;
@@ -565,6 +570,7 @@ int run(int argc, char** argv) {
     if (*eval) return cmd_eval(run_dir, sets, device, eval_json);
     if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
+    gen.stop_at_eos = !gen_ignore_eos;
     if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
     if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);

@@ -290,4 +290,22 @@ nlohmann::json tokenize_corpus(const TokenizeOptions& opt) {
   return index;
 }
 
+std::filesystem::path index_tokenizer(const std::filesystem::path& data_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (data_dir.empty() || !fs::exists(data_dir / "index.json", ec)) return {};
+  const nlohmann::json idx = read_index(data_dir);
+  const nlohmann::json& tj = idx["tokenizer"];  // (read_index checked it is an object with a sha256)
+  if (!tj.contains("path") || !tj["path"].is_string() || !tj["sha256"].is_string()) return {};
+  fs::path p = tj["path"].get<std::string>();
+  if (p.is_relative() && !fs::is_regular_file(p, ec)) p = data_dir / p;
+  if (!fs::is_regular_file(p, ec)) return {};
+  try {
+    if (Tokenizer::load(p).sha256() != tj["sha256"].get<std::string>()) return {};
+  } catch (const UserError&) {
+    return {};
+  }
+  return p;
+}
+
 }  // namespace lrnn::data

@@ -37,4 +37,9 @@ std::vector<uint64_t> validation_documents(uint64_t n, double fraction, uint64_t
 // Runs it; returns index.json's contents. UserError for bad inputs (named), exit 2.
 nlohmann::json tokenize_corpus(const TokenizeOptions& opt);
 
+// The tokenizer file a tokenized directory was made with: the path its index.json records
+// (relative paths tried from the working directory, then from data_dir), when that file is there
+// and its sha256 is the recorded one; empty otherwise (or when data_dir has no index).
+std::filesystem::path index_tokenizer(const std::filesystem::path& data_dir);
+
 }  // namespace lrnn::data

@@ -13,6 +13,8 @@ namespace lrnn {
 // A saved run: its resolved config and an engine (CPU or CUDA: training.device, or `device`
 // when not empty) holding the trained weights. `overrides` are --set lines applied to the
 // run's config.yaml. UserError (exit 2) naming the directory or file when something is missing.
+// open_task = false: the run's task (e.g. a language model's token data) need not be there —
+// for generation and serving, which need the model and its tokenizer only.
 struct LoadedRun {
   std::filesystem::path dir;
   ExperimentConfig cfg;
@@ -21,7 +23,7 @@ struct LoadedRun {
 };
 
 LoadedRun load_run(const std::filesystem::path& dir, std::vector<std::string> overrides = {},
-                   const std::string& device = "");
+                   const std::string& device = "", bool open_task = true);
 
 // The tokenizer of a language-model run (task.name lm): `path` when not empty, else the one the
 // run's tokenized data names in its index.json. Either way it must be the tokenizer the data was

@@ -1,4 +1,5 @@
 #include "train/config.h"
+#include <filesystem>
 #include "core/check.h"
 #include "models/model.h"
 
@@ -37,15 +38,16 @@ void LoggingConfig::describe(io::Schema& s) {
       .add("progress", &progress, "progress display", {"auto", "bar", "lines", "none"});
 }
 
-ExperimentConfig ExperimentConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+ExperimentConfig ExperimentConfig::load(const std::string& path, const std::vector<std::string>& overrides,
+                                        bool open_task) {
   YAML::Node root = io::load_yaml_file(path);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   for (auto& o : overrides) io::apply_override(root, o);
   std::string src = overrides.empty() ? path : path + " (with --set)";
-  return from_yaml(root, src);
+  return from_yaml(root, src, open_task);
 }
 
-ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string& source) {
+ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string& source, bool open_task) {
   ExperimentConfig c;
   c.source = source;
   c.spelled = YAML::Clone(root);
@@ -56,6 +58,8 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
   }
   { io::Schema s(source, "training"); c.training.describe(s); s.parse(root["training"]); }
   { io::Schema s(source, "task"); c.task.describe(s); s.parse(root["task"]); }
+  if (!c.task.data.empty() && std::filesystem::path(c.task.data).is_relative())
+    c.task.data = std::filesystem::absolute(c.task.data).lexically_normal().string();
   { io::Schema s(source, "logging"); c.logging.describe(s); s.parse(root["logging"]); }
   if (c.task.eval_len[0] < 2 || c.task.train_len[0] < 2)
     LRNN_USER_ERROR("{}: task: lengths must be at least 2", source);
@@ -70,10 +74,12 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
     LRNN_USER_ERROR("{}: model: expected a mapping of keys (model_type: ..., hidden_size: ...), got '{}'", source,
                     c.model.IsScalar() ? c.model.Scalar() : std::string("a list"));
   int vocab = 0;
-  try {
-    vocab = create_task(c.task)->vocab_size();  // also checks the task's own keys
-  } catch (const UserError& e) {
-    LRNN_USER_ERROR("{}: {}", source, e.what());
+  if (open_task || !c.model["vocab_size"]) {
+    try {
+      vocab = create_task(c.task)->vocab_size();  // also checks the task's own keys
+    } catch (const UserError& e) {
+      LRNN_USER_ERROR("{}: {}", source, e.what());
+    }
   }
   if (!c.model["vocab_size"]) c.model["vocab_size"] = vocab;
   // Validate the model block now (building a model is cheap), so errors come before any work.

@@ -46,9 +46,13 @@ struct ExperimentConfig {
   std::string source;              // where it came from, for messages
   YAML::Node spelled;              // the YAML as given (file + --set), for numbers as the user wrote them
 
-  // Loads a YAML file, applies `--set` overrides, validates. Throws UserError.
-  static ExperimentConfig load(const std::string& path, const std::vector<std::string>& overrides);
-  static ExperimentConfig from_yaml(YAML::Node root, const std::string& source);
+  // Loads a YAML file, applies `--set` overrides, validates. Throws UserError. A relative
+  // task.data is made absolute (from the working directory), so a run's config.yaml names its
+  // data wherever it is read from. open_task = false skips opening the task when the model block
+  // names its vocab_size (a saved run read for generation or serving, whose data may be gone).
+  static ExperimentConfig load(const std::string& path, const std::vector<std::string>& overrides,
+                               bool open_task = true);
+  static ExperimentConfig from_yaml(YAML::Node root, const std::string& source, bool open_task = true);
   YAML::Node to_yaml() const;      // the resolved config, every default written out
 };
 

@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <omp.h>
 #include "core/memory.h"
+#include "data/tokenize.h"
+#include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "ops/adamw/adamw.h"
 #include "ops/linear/linear.h"
@@ -385,12 +387,17 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     st.v.assign(P, 0.f);
     // Starting over: nothing of an earlier run in this directory may survive to be resumed.
     for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json",
-                   "provenance.json", "modeling_lrnn_mamba.py"})
+                   "provenance.json", "modeling_lrnn_mamba.py", "tokenizer.model"})
       std::remove((dir / f).c_str());
   }
   st.schedule = schedule_json(tc);
   engine->start(st);
   io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
+  // A language model's run keeps its tokenizer (as Hugging Face model directories do), so that
+  // generation and serving need only the run directory.
+  fs::path run_tok;
+  if (cfg.task.name == "lm" && !(run_tok = data::index_tokenizer(cfg.task.data)).empty())
+    io::write_file_atomic(dir / "tokenizer.model", data::Tokenizer::load(run_tok).bytes());
 
   std::ofstream metrics(dir / "metrics.jsonl", std::ios::app);
   auto log = [&](const nlohmann::json& j) { metrics << j.dump() << "\n"; metrics.flush(); };

@@ -124,6 +124,19 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   EXPECT_EQ(text1, text2);
   EXPECT_EQ(text1.rfind("ROMEO: I will", 0), 0u) << s1.out;
   EXPECT_GT(text1.size(), std::string("ROMEO: I will").size()) << s1.out;
+  // The run keeps its tokenizer: a copy whose data is gone still generates the same text.
+  EXPECT_TRUE(fs::exists(dir / "run" / "tokenizer.model"));
+  fs::copy(dir / "run", dir / "moved");
+  {
+    std::string yaml = read_text(dir / "moved" / "config.yaml");
+    const std::string data = (corpus_dir() / "data").string();
+    ASSERT_NE(yaml.find(data), std::string::npos);  // task.data is written absolute
+    yaml.replace(yaml.find(data), data.size(), (dir / "gone").string());
+    write_text(dir / "moved" / "config.yaml", yaml);
+  }
+  RunResult s3 = run_lrnn("generate --run '" + (dir / "moved").string() + "' --prompt 'ROMEO: I will' --max-tokens 20 --seed 4");
+  ASSERT_EQ(s3.code, 0) << s3.out;
+  EXPECT_EQ(s3.out.substr(0, s3.out.find("\n[")), text1);
   RunResult bad = run_lrnn("generate --run " + run + " --prompt x --tokenizer '" + (dir / "none.model").string() + "'");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("none.model"), std::string::npos) << bad.out;
