@@ -2,6 +2,9 @@
 # One command on a GPU machine: build with CUDA for sm_90, run every CUDA test, the GPU benchmark
 # and a timed parity run (DeltaNet [-1,1], P1 model, until scaled accuracy >= 0.99 on 40-256),
 # then print a short table. Logs and the table go to $OUT (default gpu-check-out/).
+# SECTIONS picks what runs (default "tests bench parity"; add lm-train, lm-speed, lm-gen for the
+# language-model checks below, which want data/shakespeare from scripts/lm_demo.sh and, for the fla
+# side by side, fla on PYTHONPATH).
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -58,6 +61,8 @@ run_checks() {
     echo
   } >"$sum"
 
+  want() { [[ " ${SECTIONS:-tests bench parity} " == *" $1 "* ]]; }
+  if want tests; then
   echo "== CUDA tests"
   local rc=0
   timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
@@ -71,13 +76,17 @@ run_checks() {
     grep -E '^seed [0-9]+:' "$OUT/cuda_tests.log" | sed 's/^/    parity test: /' || true
     echo
   } >>"$sum"
+  fi
 
+  if want bench; then
   echo "== benchmark"
   timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 300 2>&1 | tee "$OUT/bench.md" || true
   { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$OUT/bench.md" || true; echo; } >>"$sum"
   timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 100 --profile 0 2>&1 | tee "$OUT/profile.md" || true
   timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$OUT/gemm.md" || true
+  fi
 
+  if want parity; then
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
   # The recipe that learns parity on 3 of 3 seeds in 3.7-6.6 s (docs/RESULTS.md, "Wall time to learn parity"); the
   # public protocol's lr 1e-3 reaches 0.99 on some seeds only (PARITY_SET="" runs it).
@@ -95,8 +104,117 @@ run_checks() {
     grep -E '^done|stopping early' "$OUT/parity.log" | sed 's/^/    /' || true
     tail -n 1 "$OUT/parity.log" | sed 's/^/    /'
   } >>"$sum"
+  fi
+  lm_checks "$bin"
   echo
   cat "$sum"
+}
+
+# The language-model checks (SECTIONS lm-train, lm-speed, lm-gen).
+lm_checks() {
+  local bin=$1 sum="$OUT/summary.md" runs=/tmp/lrnn-gpu-lm
+  mkdir -p "$runs"
+  want() { [[ " ${SECTIONS:-tests bench parity} " == *" $1 "* ]]; }
+  local lm_cfg=$runs/lm.yaml
+  # A DeltaNet LM of 3.5M parameters on Shakespeare (1000-piece tokenizer): context 512, batch 32.
+  cat >"$lm_cfg" <<YAML
+training: {num_steps: 200, batch_size: 32, lr: 2.0e-3, warmup_steps: 100, weight_decay: 0.01, val_every: 100,
+           checkpoint_every: 0, beta2: 0.95}
+model: {model_type: delta_net, hidden_size: 256, num_hidden_layers: 4, num_heads: 4, allow_neg_eigval: true}
+task: {name: lm, data: data/shakespeare, context: 512, eval_batch_size: 32, eval_tokens: 200000}
+logging: {log_every: 50, progress: none}
+YAML
+  if want lm-train; then
+    echo "== LM: CUDA against the CPU, then [0,1] vs [-1,1] on the GPU"
+    for dev in cpu cuda; do
+      timeout 400 "$bin/lrnn" train --config "$lm_cfg" --device "$dev" --force --out "$runs/same_$dev" >"$OUT/lm_same_$dev.log" 2>&1 || true
+    done
+    local steps=${LM_STEPS:-3000}
+    for neg in false true; do
+      timeout 300 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/long_neg_$neg" \
+        --set training.num_steps="$steps" --set training.val_every=500 --set model.allow_neg_eigval=$neg \
+        >"$OUT/lm_long_$neg.log" 2>&1 || true
+    done
+    python3 - "$runs" "$steps" >>"$sum" <<'PY'
+import json, sys, os
+runs, steps = sys.argv[1], sys.argv[2]
+def lines(run, kind):
+    p = os.path.join(runs, run, "metrics.jsonl")
+    return [j for j in map(json.loads, open(p)) if j["type"] == kind] if os.path.exists(p) else []
+print("## LM on CUDA vs the CPU (DeltaNet [-1,1] 3.5M params, Shakespeare, context 512, batch 32, 200 steps)
+")
+print("| step | CPU loss_avg | CUDA loss_avg | CPU val loss | CUDA val loss |
+|---|---|---|---|---|")
+ct, gt = lines("same_cpu", "train"), lines("same_cuda", "train")
+ce, ge = {e["step"]: e for e in lines("same_cpu", "eval")}, {e["step"]: e for e in lines("same_cuda", "eval")}
+for a, b in zip(ct, gt):
+    s = a["step"]
+    f = lambda d: f'{d[s]["val_loss"]:.4f}' if s in d else ""
+    print(f'| {s} | {a["loss_avg"]:.4f} | {b["loss_avg"]:.4f} | {f(ce)} | {f(ge)} |')
+for r in ("same_cpu", "same_cuda"):
+    t = lines(r, "train")
+    if t: print(f"\n{r}: {t[-1]['tokens_per_s']:.0f} tokens/s")
+print(f"\n## [0,1] vs [-1,1] on the GPU, {steps} steps\n\n| range | step | val loss | perplexity |\n|---|---|---|---|")
+for neg, name in (("false", "[0,1]"), ("true", "[-1,1]")):
+    for e in lines(f"long_neg_{neg}", "eval"):
+        print(f'| {name} | {e["step"]} | {e["val_loss"]:.4f} | {e["perplexity"]:.2f} |')
+print()
+PY
+    (cd "$runs" && tar czf "$OUT/lm_runs.tar.gz" same_cpu/metrics.jsonl same_cuda/metrics.jsonl \
+      long_neg_false/metrics.jsonl long_neg_true/metrics.jsonl long_neg_false/config.yaml long_neg_true/config.yaml 2>/dev/null) || true
+  fi
+  if want lm-speed; then
+    echo "== LM training speed, lrnn vs fla, vocabulary 32000, context 2048"
+    python3 bench/random_shards.py --out "$runs/rand32k" --vocab 32000 --tokens 4000000 >/dev/null
+    echo "## LM training step, lrnn (CUDA, precision bf16) vs PyTorch + fla (bf16 autocast), random tokens, V 32000, context 2048" >>"$sum"
+    echo >>"$sum"
+    echo "| model | layers | hidden | heads | batch | lrnn tokens/s | fla tokens/s | lrnn/fla |" >>"$sum"
+    echo "|---|---|---|---|---|---|---|---|" >>"$sum"
+    for shape in ${LM_SHAPES:-delta_net:4:1024:8:8 delta_net:24:1024:8:8 gated_deltanet:24:1024:8:8}; do
+      IFS=: read -r mt L d H B <<<"$shape"
+      local extra=""
+      [[ $mt == gated_deltanet ]] && extra="--set model.head_dim=$((d / H))"
+      cat >"$runs/speed.yaml" <<YAML
+training: {num_steps: 25, batch_size: $B, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
+model: {model_type: $mt, hidden_size: $d, num_hidden_layers: $L, num_heads: $H, vocab_size: 32000}
+task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
+logging: {log_every: 5, progress: none}
+YAML
+      timeout 300 "$bin/lrnn" train --device cuda --force --out "$runs/speed_$mt$L" --config "$runs/speed.yaml" $extra \
+        >"$OUT/speed_${mt}_$L.log" 2>&1 || true
+      local ours theirs
+      ours=$(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/speed_$mt$L/metrics.jsonl" 2>/dev/null || echo "failed")
+      theirs=$(timeout 300 python3 bench/lm_fla.py train --model "$mt" --layers "$L" --hidden "$d" --heads "$H" --batch "$B" \
+        --steps 10 --warmup 3 2>"$OUT/fla_${mt}_$L.err" | tail -n 1 | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
+      local ratio
+      ratio=$(python3 -c "print(f'{$ours/$theirs:.2f}')" 2>/dev/null || echo "-")
+      echo "| $mt | $L | $d | $H | $B | $ours | $theirs | $ratio |" >>"$sum"
+    done
+    echo >>"$sum"
+  fi
+  if want lm-gen; then
+    echo "== generation speed"
+    # A DeltaNet of hidden 512, 8 layers, 8 heads on the Shakespeare tokenizer (50 steps: weights
+    # that are not random); lrnn on the host's CPU cores, fla on the GPU.
+    timeout 200 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/gen" --set training.num_steps=50 \
+      --set model.hidden_size=512 --set model.num_hidden_layers=8 --set model.num_heads=8 >"$OUT/gen_train.log" 2>&1 || true
+    echo "## Generation (greedy, EOS ignored): lrnn on the CPU ($(nproc) cores) vs fla generate on the GPU, DeltaNet hidden 512, 8 layers, 8 heads, V 1000" >>"$sum"
+    echo >>"$sum"
+    echo "| tokens | lrnn tokens/s | lrnn peak RSS MiB | lrnn state KiB | fla tokens/s | fla peak GPU MiB |" >>"$sum"
+    echo "|---|---|---|---|---|---|" >>"$sum"
+    for n in ${GEN_TOKENS:-1024 8192 32768}; do
+      local ours theirs
+      ours=$(timeout 300 "$bin/lrnn" generate --run "$runs/gen" --prompt "ROMEO:" --max-tokens "$n" --temperature 0 --ignore-eos --json 2>>"$OUT/gen.err" |
+        python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{len(j['tokens'])/j['seconds']:.0f} | {j['peak_rss_bytes']/2**20:.0f} | {j['state_bytes']/1024:.0f}\")" 2>/dev/null || echo "failed | | ")
+      theirs="not run | "
+      if [[ $n -le ${FLA_GEN_MAX:-8192} ]]; then
+        theirs=$(timeout 300 python3 bench/lm_fla.py generate --model delta_net --hidden 512 --layers 8 --heads 8 --vocab 1000 \
+          --tokens "$n" 2>>"$OUT/fla_gen.err" | tail -n 1 | python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{j['tokens_per_s']:.0f} | {j['peak_gpu_gib']*1024:.0f}\")" 2>/dev/null || echo "failed | ")
+      fi
+      echo "| $n | $ours | $theirs |" >>"$sum"
+    done
+    echo >>"$sum"
+  fi
 }
 
 case "$MODE" in
