@@ -148,7 +148,16 @@ int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const
       LRNN_USER_ERROR("eval: --set {}: only task.* keys apply when evaluating a saved run (e.g. --set "
                       "task.eval_len=[40,512]); the model and its training are what the run saved", a);
   LoadedRun r = load_run(run, sets, device);
-  nlohmann::json e = evaluate_run(r.engine->logits_fn(), r.model().vocab_size(), r.cfg);
+  // A language model evaluated on windows longer than it trained on, on the CPU: read the windows
+  // a training context at a time through the decode state, so memory does not grow with the
+  // window (P2's length extrapolation to 32k tokens).
+  TokenLossFn piecewise;
+  const auto& tc = r.cfg.task;
+  if (tc.name == "lm" && r.cfg.training.device == "cpu" && r.model().new_decode_state(1) &&
+      task_input_lengths(tc)[1] > tc.context)
+    piecewise = token_losses_piecewise(r.model(), tc.context);
+  nlohmann::json e = evaluate_run(r.engine->logits_fn(), r.model().vocab_size(), r.cfg, piecewise);
+  if (piecewise) e["read_in_pieces_of"] = tc.context;
   // Next to the run's own eval.json, named after the lengths, so evaluations at other lengths
   // never overwrite each other or the training's result.
   const auto& t = r.cfg.task;

@@ -106,6 +106,33 @@ void Decoder::reset() {
 int64_t Decoder::position() const { return state_->position; }
 size_t Decoder::state_bytes() const { return state_->bytes(); }
 
+TokenLossFn token_losses_piecewise(Model<float>& model, int chunk) {
+  LRNN_CHECK(chunk > 0, "token_losses_piecewise: chunk must be positive");
+  return [&model, chunk](const Batch& b, int rows, std::vector<double>& loss) {
+    const int V = model.vocab_size(), T = b.T;
+    loss.assign(size_t(rows) * size_t(T), 0.0);
+    for (size_t i = 0; i < loss.size(); ++i)
+      LRNN_CHECK(b.labels[i] >= 0 && b.labels[i] < V, "label {} outside the vocabulary {}", b.labels[i], V);
+    auto st = model.new_decode_state(rows);
+    LRNN_CHECK(st, "token_losses_piecewise: the model has no decode state");
+    std::vector<int32_t> piece;
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      const int n = std::min(chunk, T - t0);
+      piece.resize(size_t(rows) * size_t(n));
+      for (int r = 0; r < rows; ++r)
+        std::copy_n(b.tokens.begin() + std::ptrdiff_t(size_t(r) * T + size_t(t0)), n, piece.begin() + std::ptrdiff_t(size_t(r) * n));
+      model.forward_continue(piece.data(), rows, n, *st);
+      const float* lg = model.logits();
+#pragma omp parallel for collapse(2) schedule(static)
+      for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < n; ++t) {
+          const size_t i = size_t(r) * T + size_t(t0 + t);
+          loss[i] = token_loss(lg + (size_t(r) * n + size_t(t)) * size_t(V), V, b.labels[i]);
+        }
+    }
+  };
+}
+
 namespace {
 
 // Bytes at the end of s that start a UTF-8 character not yet complete (0 when s ends whole).

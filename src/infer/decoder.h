@@ -12,6 +12,7 @@
 #include <vector>
 #include "data/tokenizer.h"
 #include "models/model.h"
+#include "train/evaluate.h"
 
 namespace lrnn {
 
@@ -54,6 +55,12 @@ class Decoder {
   std::unique_ptr<DecodeState> state_;
   std::vector<float> last_;
 };
+
+// Per-token next-token losses of evaluation batches read `chunk` tokens at a time through the
+// model's decode state (train/evaluate.h TokenLossFn): memory for one chunk's activations and
+// logits, whatever the window length (length extrapolation to many times the training context).
+// The same numbers as one forward over each window, to rounding.
+TokenLossFn token_losses_piecewise(Model<float>& model, int chunk);
 
 // Generation: `prompt` is read, then up to max_tokens tokens are drawn and fed back. The text is
 // handed over as it becomes final (whole UTF-8 characters; with stop strings, text that could

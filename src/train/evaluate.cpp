@@ -143,8 +143,20 @@ double token_loss(const float* logits, int vocab, int label) {
   return double(mx) + std::log(sum) - double(logits[label]);
 }
 
-nlohmann::json evaluate_lm(const LogitsFn& logits_of, int vocab, const LmTask& task, int batch_size,
-                           int64_t max_tokens) {
+TokenLossFn token_losses_of(const LogitsFn& logits_of, int vocab) {
+  return [logits_of, vocab](const Batch& b, int rows, std::vector<double>& loss) {
+    const float* logits = logits_of(b);
+    const size_t n = size_t(rows) * size_t(b.T);
+    loss.assign(n, 0.0);
+    for (size_t i = 0; i < n; ++i)  // (checked before the parallel loop: nothing may throw in it)
+      LRNN_CHECK(b.labels[i] >= 0 && b.labels[i] < vocab, "label {} outside the vocabulary {}", b.labels[i], vocab);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i)
+      loss[size_t(i)] = token_loss(logits + size_t(i) * size_t(vocab), vocab, b.labels[size_t(i)]);
+  };
+}
+
+nlohmann::json evaluate_lm(const TokenLossFn& losses, const LmTask& task, int batch_size, int64_t max_tokens) {
   const int T = task.eval_context();
   const uint64_t windows = task.eval_windows();
   uint64_t use = windows;
@@ -152,16 +164,11 @@ nlohmann::json evaluate_lm(const LogitsFn& logits_of, int vocab, const LmTask& t
   std::vector<double> pos_sum(size_t(T), 0.0);
   std::vector<int64_t> pos_n(size_t(T), 0);
   uint64_t done = 0;
+  std::vector<double> loss;
   for (uint64_t index = 0; done < use; ++index) {
     Batch b = task.eval_batch(index, batch_size);
     const int rows = int(std::min<uint64_t>(uint64_t(b.B), use - done));
-    const float* logits = logits_of(b);
-    std::vector<double> loss(size_t(rows) * size_t(T));
-    for (size_t i = 0; i < loss.size(); ++i)  // (checked before the parallel loop: nothing may throw in it)
-      LRNN_CHECK(b.labels[i] >= 0 && b.labels[i] < vocab, "label {} outside the vocabulary {}", b.labels[i], vocab);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < int64_t(rows) * T; ++i)
-      loss[size_t(i)] = token_loss(logits + size_t(i) * size_t(vocab), vocab, b.labels[size_t(i)]);
+    losses(b, rows, loss);
     for (int r = 0; r < rows; ++r)
       for (int t = 0; t < T; ++t) pos_sum[size_t(t)] += loss[size_t(r) * size_t(T) + size_t(t)], ++pos_n[size_t(t)];
     done += uint64_t(rows);

@@ -52,9 +52,13 @@ EvalResult evaluate(const LogitsFn& logits_of, int vocab, const Task& task, std:
 // `max_tokens` predicted tokens (0: all windows). Returns {"metric": "val_loss", "val_loss" (nats
 // per token), "perplexity", "tokens", "windows", "context", "loss_by_position" (mean loss of the
 // prediction at each position 0..context-1, the length-extrapolation curve)}. Sums in double.
+// `losses` fills loss[r*T + t] with the next-token cross-entropy at position t of row r < rows of
+// an evaluation batch [B,T] (rows <= B: the last batch may be partly used).
 class LmTask;
-nlohmann::json evaluate_lm(const LogitsFn& logits_of, int vocab, const LmTask& task, int batch_size,
-                           int64_t max_tokens);
+using TokenLossFn = std::function<void(const Batch& b, int rows, std::vector<double>& loss)>;
+nlohmann::json evaluate_lm(const TokenLossFn& losses, const LmTask& task, int batch_size, int64_t max_tokens);
+// The losses from one forward over each whole batch.
+TokenLossFn token_losses_of(const LogitsFn& logits_of, int vocab);
 
 // The cross-entropy -log softmax(logits)[label] of one position (`logits` holds `vocab` values).
 double token_loss(const float* logits, int vocab, int label);

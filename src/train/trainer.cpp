@@ -30,11 +30,12 @@ namespace lrnn {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-nlohmann::json evaluate_run(const LogitsFn& fn, int V, const ExperimentConfig& cfg) {
+nlohmann::json evaluate_run(const LogitsFn& fn, int V, const ExperimentConfig& cfg, const TokenLossFn& lm_losses) {
   auto task = create_task(cfg.task);
   const auto& t = cfg.task;
   if (task->eval_kind() == EvalKind::Lm) {
-    nlohmann::json j = evaluate_lm(fn, V, static_cast<const LmTask&>(*task), t.eval_batch_size, t.eval_tokens);
+    nlohmann::json j = evaluate_lm(lm_losses ? lm_losses : token_losses_of(fn, V), static_cast<const LmTask&>(*task),
+                                   t.eval_batch_size, t.eval_tokens);
     j["task"] = t.name;
     return j;
   }

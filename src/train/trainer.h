@@ -30,7 +30,10 @@ struct TrainSummary {
 TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt);
 
 // Evaluation on the config's eval lengths and on its training lengths; the object of eval.json.
-// `logits` runs the model (vocabulary size V) on a batch.
-nlohmann::json evaluate_run(const LogitsFn& logits, int V, const ExperimentConfig& cfg);
+// `logits` runs the model (vocabulary size V) on a batch. A language model's evaluation takes its
+// per-token losses from `lm_losses` when given (e.g. read piecewise, infer/decoder.h), else from
+// `logits`.
+nlohmann::json evaluate_run(const LogitsFn& logits, int V, const ExperimentConfig& cfg,
+                            const TokenLossFn& lm_losses = {});
 
 }  // namespace lrnn

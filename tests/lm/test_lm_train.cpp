@@ -8,7 +8,10 @@
 #include "lm_util.h"
 #include "data/shards.h"
 #include "tasks/lm.h"
+#include "infer/decoder.h"
+#include "infer/run.h"
 #include "train/evaluate.h"
+#include "train/trainer.h"
 
 using namespace lrnn;
 using namespace lrnn::test;
@@ -98,6 +101,18 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   auto longer = nlohmann::json::parse(read_text(dir / "run" / "eval_context256.json"));
   EXPECT_EQ(longer["loss_by_position"].size(), 256u);
   EXPECT_EQ(int64_t(longer["context"]), 256);
+  // On the CPU the longer windows were read 64 tokens (the training context) at a time through the
+  // decode state; the same numbers as one forward over each whole window.
+  EXPECT_EQ(int64_t(longer["read_in_pieces_of"]), 64);
+  {
+    LoadedRun lr = load_run(dir / "run", {"task.eval_context=256", "task.eval_tokens=2048"});
+    nlohmann::json whole = evaluate_run(lr.engine->logits_fn(), lr.model().vocab_size(), lr.cfg);
+    nlohmann::json pieces = evaluate_run(lr.engine->logits_fn(), lr.model().vocab_size(), lr.cfg,
+                                         token_losses_piecewise(lr.model(), 64));
+    EXPECT_NEAR(double(pieces["val_loss"]), double(whole["val_loss"]), 1e-5);
+    for (size_t t = 0; t < 256; ++t)
+      EXPECT_NEAR(double(pieces["loss_by_position"][t]), double(whole["loss_by_position"][t]), 1e-4) << t;
+  }
 
   // `lrnn generate`: greedy continuation, one token per forward through the decode state, equals
   // what one whole forward (`lrnn predict`) over the prompt and the generated tokens predicts.
@@ -183,7 +198,7 @@ TEST(LmTrain, EvaluationLossIsTheMeanNextTokenCrossEntropy) {
     logits.assign(size_t(b.B) * b.T * V, 0.25f);
     return logits.data();
   };
-  nlohmann::json u = evaluate_lm(uniform, V, task, 8, 32 * 20);
+  nlohmann::json u = evaluate_lm(token_losses_of(uniform, V), task, 8, 32 * 20);
   EXPECT_EQ(int64_t(u["tokens"]), 32 * 20);
   EXPECT_NEAR(double(u["val_loss"]), std::log(double(V)), 1e-12);
   // The right token gets logit 3 and the others 0: p = e^3 / (e^3 + V - 1).
@@ -192,7 +207,7 @@ TEST(LmTrain, EvaluationLossIsTheMeanNextTokenCrossEntropy) {
     for (size_t i = 0; i < b.labels.size(); ++i) logits[i * size_t(V) + size_t(b.labels[i])] = 3.0f;
     return logits.data();
   };
-  nlohmann::json p = evaluate_lm(peaked, V, task, 8, 0);
+  nlohmann::json p = evaluate_lm(token_losses_of(peaked, V), task, 8, 0);
   const double expect = -std::log(std::exp(3.0) / (std::exp(3.0) + V - 1));
   EXPECT_NEAR(double(p["val_loss"]), expect, 1e-9);
   EXPECT_EQ(uint64_t(p["windows"]), task.eval_windows());
