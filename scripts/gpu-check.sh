@@ -127,7 +127,9 @@ YAML
   if want lm-train; then
     echo "== LM: CUDA against the CPU, then [0,1] vs [-1,1] on the GPU"
     for dev in cpu cuda; do
-      timeout 400 "$bin/lrnn" train --config "$lm_cfg" --device "$dev" --force --out "$runs/same_$dev" >"$OUT/lm_same_$dev.log" 2>&1 || true
+      timeout 300 "$bin/lrnn" train --config "$lm_cfg" --device "$dev" --force --out "$runs/same_$dev" \
+        --set training.num_steps=100 --set training.batch_size=16 --set task.context=256 --set training.val_every=50 \
+        --set logging.log_every=10 >"$OUT/lm_same_$dev.log" 2>&1 || true
     done
     local steps=${LM_STEPS:-3000}
     for neg in false true; do
