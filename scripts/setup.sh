@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what lrnn needs on a Debian machine, non-interactively; does nothing when all is there.
 #   1. Debian packages (compilers, libraries, Python with numpy and matplotlib; clang with
-#      libFuzzer and its OpenMP runtime for the fuzz targets; SentencePiece for C++ and Python)
+#      libFuzzer and its OpenMP runtime for the fuzz targets; SentencePiece for C++ and Python;
+#      cpp-httplib for `lrnn serve`)
 #      via apt-get;
 #   2. a Python virtual environment in .venv (Debian's python3 with its packages visible) with the
 #      PyPI packages of tools/requirements.txt (the tools and their tests use it).
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libfmt-dev
       libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv
       python3-numpy python3-matplotlib clang-14 libclang-rt-14-dev libomp-14-dev
-      libsentencepiece-dev python3-sentencepiece)
+      libsentencepiece-dev python3-sentencepiece libcpp-httplib-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,5 @@
-// The `lrnn` command line: train, eval, data, predict, generate, sweep; tokenizer, tokenize, shards (language-model data).
+// The `lrnn` command line: train, eval, data, predict, generate, serve, sweep; tokenizer, tokenize, shards
+// (language-model data).
 #include "cli/cli.h"
 #include <cerrno>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "data/tokenize.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "serve/http.h"
 #include "infer/decoder.h"
 #include "infer/run.h"
 #include "train/checkpoint.h"
@@ -301,6 +303,33 @@ int cmd_generate(const std::string& run, const std::string& prompt, const std::s
   return 0;
 }
 
+// `lrnn serve`: the completions API (serve/completions.h) of a language-model run over HTTP.
+struct ServeFlags {
+  std::string host = "127.0.0.1", model_name, tokenizer;
+  int port = 8000;
+  bool no_doc_start = false;
+};
+
+int cmd_serve(const std::string& run, const ServeFlags& f) {
+  // Reading piecewise runs on the CPU's reference ops (as generate).
+  LoadedRun r = load_run(run, {}, "cpu", /*open_task=*/false);
+  data::Tokenizer tok = run_tokenizer(r, f.tokenizer);
+  serve::ServiceOptions o;
+  o.model_name = f.model_name.empty() ? fs::absolute(run).lexically_normal().filename().string() : f.model_name;
+  if (o.model_name.empty()) o.model_name = fs::absolute(run).lexically_normal().parent_path().filename().string();
+  o.doc_start = !f.no_doc_start;
+  o.chunk = std::max(1, r.cfg.task.context);
+  o.max_model_len = r.cfg.task.context;
+  serve::CompletionService svc(r.model(), std::move(tok), o);
+  return serve::run_http(svc, f.host, f.port, [&](int port) {
+    std::fprintf(stderr, "lrnn serve: %s (%s) on http://%s:%d/v1/completions; Ctrl-C stops\n", o.model_name.c_str(),
+                 run.c_str(), f.host.c_str(), port);
+    std::printf("%s\n", nlohmann::json{{"url", fmt::format("http://{}:{}", f.host, port)}, {"port", port},
+                                       {"model", o.model_name}}.dump().c_str());
+    std::fflush(stdout);
+  });
+}
+
 int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_run, bool report, bool force) {
   sweep::Grid grid = sweep::Grid::load(grid_file);
   if (out.empty()) out = (fs::path("runs") / grid.name).string();
@@ -498,6 +527,18 @@ int run(int argc, char** argv) {
   generate_cmd->add_flag("--ignore-eos", gen_ignore_eos, "go on past EOS (benchmarks: always --max-tokens tokens)");
   generate_cmd->add_flag("--json", gen_json, "print one JSON object (text, token ids, log-probability) at the end instead");
 
+  ServeFlags serve_flags;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "answer OpenAI-style /v1/completions requests with a language model (lm-evaluation-harness's local-completions)");
+  serve_cmd->add_option("--run", run_dir, "run directory of a language model (task.name lm)")->required();
+  serve_cmd->add_option("--host", serve_flags.host, "address to listen on")->capture_default_str();
+  serve_cmd->add_option("--port", serve_flags.port, "port (0: any free port, printed at start)")
+      ->capture_default_str()->check(CLI::Range(0, 65535));
+  serve_cmd->add_option("--model-name", serve_flags.model_name, "the model's name in the API (default: the run directory's)");
+  serve_cmd->add_option("--tokenizer", serve_flags.tokenizer, "SentencePiece .model (default: the run's)");
+  serve_cmd->add_flag("--no-doc-start", serve_flags.no_doc_start,
+                      "do not read the document-start token (BOS, or EOS without BOS) before each prompt");
+
   std::string grid;
   int jobs = 1;
   bool dry_run = false, report = false;
@@ -581,6 +622,7 @@ int run(int argc, char** argv) {
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
     gen.stop_at_eos = !gen_ignore_eos;
     if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json);
+    if (*serve_cmd) return cmd_serve(run_dir, serve_flags);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
     if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);
     if (*tok_info) return cmd_tokenizer_info(tok_model);

@@ -35,6 +35,7 @@ std::vector<int32_t> ranked(const std::vector<double>& lp, size_t k) {
 
 std::vector<std::pair<int32_t, double>> top_logprobs(const std::vector<double>& logprobs, int k) {
   std::vector<std::pair<int32_t, double>> out;
+  if (k <= 0) return out;
   for (int32_t id : ranked(logprobs, size_t(std::max(k, 0)))) out.push_back({id, logprobs[size_t(id)]});
   return out;
 }
@@ -153,17 +154,22 @@ bool ends_with_replacement(const std::string& s) {  // U+FFFD: SentencePiece's m
 
 Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const int32_t> prompt,
                     const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
+  if (prompt.empty()) LRNN_USER_ERROR("generate: the prompt has no tokens");
+  const float* logits = dec.feed(prompt);
+  return generate_after(dec, tok, prompt.back(), logits, opt, on_text);
+}
+
+Generation generate_after(Decoder& dec, const data::Tokenizer& tok, int32_t last, const float* logits,
+                          const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
   LRNN_CHECK(opt.max_tokens >= 0, "generate: max_tokens < 0");
   Generation g;
   g.finish_reason = "length";
-  if (prompt.empty()) LRNN_USER_ERROR("generate: the prompt has no tokens");
   const int V = dec.vocab_size();
-  const float* logits = dec.feed(prompt);
   std::vector<double> lp;
   // The prompt's last token, then the generated ones; the incremental detokenizer's window
   // [prefix, read) starts at that token, whose text is the prompt's (so the first generated
   // token's leading space survives).
-  std::vector<int32_t> ids{prompt.back()};
+  std::vector<int32_t> ids{last};
   size_t prefix = 0, read = 1;
   std::string text;           // generated text made final so far
   size_t emitted = 0;         // bytes of text handed to on_text
@@ -178,12 +184,14 @@ Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const in
   };
   for (int i = 0; i < opt.max_tokens; ++i) {
     const int32_t t = sample_token(logits, V, opt.sampling, uint64_t(i));
+    log_softmax(logits, V, lp);
+    GeneratedToken drawn{t, lp[size_t(t)], top_logprobs(lp, opt.top_logprobs)};
     if (opt.stop_at_eos && t == tok.eos_id()) {
       g.finish_reason = "stop";
+      g.eos = std::move(drawn);
       break;
     }
-    log_softmax(logits, V, lp);
-    g.tokens.push_back({t, lp[size_t(t)]});
+    g.tokens.push_back(std::move(drawn));
     ids.push_back(t);
     // SentencePiece drops the space that starts a text, so a token's text is the difference
     // between decoding a window with and without it; the window starts at the last token whose

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -71,20 +72,27 @@ struct GenerateOptions {
   SamplingOptions sampling;
   std::vector<std::string> stop;
   bool stop_at_eos = true;
+  int top_logprobs = 0;  // also keep the k most likely tokens at each generated position
 };
 
 struct GeneratedToken {
   int32_t token;
   double logprob;  // under the model's distribution (before temperature, top-k, top-p)
+  std::vector<std::pair<int32_t, double>> top;  // GenerateOptions::top_logprobs most likely, else empty
 };
 
 struct Generation {
   std::vector<GeneratedToken> tokens;
   std::string text;            // what on_text was given, together
   std::string finish_reason;   // "length", "stop" (EOS or a stop string) or "cancelled"
+  std::optional<GeneratedToken> eos;  // the EOS token drawn, when that ended the generation
 };
 
 Generation generate(Decoder& dec, const data::Tokenizer& tok, std::span<const int32_t> prompt,
                     const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text = {});
+// The same after the prompt has been fed (e.g. with a callback that scores it): `logits` are the
+// decoder's after the prompt's last token `last`.
+Generation generate_after(Decoder& dec, const data::Tokenizer& tok, int32_t last, const float* logits,
+                          const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text = {});
 
 }  // namespace lrnn
