@@ -21,10 +21,13 @@ from golden_common import DT, causal_depthwise_conv, loss_fn, make_batch, swiglu
 CONV, EPS = 4, 1e-6
 
 
-def make_config(V, d, L, H, conv, neg):
-    return dict(vocab_size=V, hidden_size=d, num_hidden_layers=L, num_heads=H, use_short_conv=conv,
-                allow_neg_eigval=neg, conv_size=CONV, norm_eps=EPS,
-                intermediate_size=256 * math.ceil(int(d * 4 * 2 / 3) / 256))
+def make_config(V, d, L, H, conv, neg, tie=False):
+    c = dict(vocab_size=V, hidden_size=d, num_hidden_layers=L, num_heads=H, use_short_conv=conv,
+             allow_neg_eigval=neg, conv_size=CONV, norm_eps=EPS,
+             intermediate_size=256 * math.ceil(int(d * 4 * 2 / 3) / 256))
+    if tie:
+        c["tie_word_embeddings"] = True  # lm_head is the embedding matrix: one tensor, both gradients
+    return c
 
 
 def param_shapes(c):
@@ -47,7 +50,8 @@ def param_shapes(c):
         s[p + "mlp.up_proj.weight"] = (I, d)
         s[p + "mlp.down_proj.weight"] = (d, I)
     s["model.norm.weight"] = (d,)
-    s["lm_head.weight"] = (V, d)
+    if not c.get("tie_word_embeddings", False):
+        s["lm_head.weight"] = (V, d)
     return s
 
 
@@ -130,7 +134,8 @@ def forward(P, c, tokens, capture=None):
         p = f"model.layers.{i}."
         h = h + attention(rms_norm(h, P[p + "attn_norm.weight"]), P, p, c, capture)
         h = h + swiglu_mlp(rms_norm(h, P[p + "mlp_norm.weight"]), P, p + "mlp.")
-    return rms_norm(h, P["model.norm.weight"]) @ P["lm_head.weight"].T
+    head = P["model.embeddings.weight"] if c.get("tie_word_embeddings", False) else P["lm_head.weight"]
+    return rms_norm(h, P["model.norm.weight"]) @ head.T
 
 
 def decays(name):
@@ -164,11 +169,19 @@ def check_gradcheck():
 
 # ----------------------------------------------------------------------------- cases
 
-def run_case(fname, seed, V, d, L, H, conv, neg, B, T):
-    c = make_config(V, d, L, H, conv, neg)
+def lm_batch(V, B, T, g):
+    """Language modelling: windows of T + 1 tokens, every next token supervised (no ignored label)."""
+    seq = torch.randint(0, V, (B, T + 1), generator=g)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def run_case(fname, seed, V, d, L, H, conv, neg, B, T, tie=False, lm=False):
+    c = make_config(V, d, L, H, conv, neg, tie)
     g = torch.Generator().manual_seed(seed)
     P0 = init_params(c, g)
-    tokens, labels = make_batch(c, B, T, g)
+    if tie:  # the tied matrix is both embedding and head: unit rows would give logits of ~sqrt(d)
+        P0["model.embeddings.weight"] = P0["model.embeddings.weight"] / math.sqrt(d)
+    tokens, labels = lm_batch(V, B, T, g) if lm else make_batch(c, B, T, g)
     capture = []
     logits, loss, grads = common.forward_backward(lambda P, tok: forward(P, c, tok, capture), P0, tokens, labels)
 
@@ -190,6 +203,9 @@ def main():
     check_gradcheck()
     run_case("golden_deltanet_neg.safetensors", 1001, V=3, d=32, L=2, H=2, conv=True, neg=True, B=3, T=16)
     run_case("golden_deltanet_pos_noconv.safetensors", 2002, V=7, d=32, L=1, H=4, conv=False, neg=False, B=2, T=20)
+    # A language model: a 256-token vocabulary, tied embeddings, every next token supervised.
+    run_case("golden_deltanet_lm_tied.safetensors", 3003, V=256, d=32, L=1, H=2, conv=True, neg=True, B=2, T=24,
+             tie=True, lm=True)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ template <class T, class Ops>
 struct LmHead {
   T *hout = nullptr, *mu = nullptr, *rstd = nullptr, *xf = nullptr, *logits = nullptr, *loss = nullptr;
   bool layer_norm = false;
+  double dloss = 1.0;  // the weight of this forward's mean loss in what the backward differentiates
 
   template <class Alloc>
   void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_) {
@@ -71,15 +72,17 @@ struct LmHead {
   // The backward of the last forward (which had labels): dlogits, lm_head's gradients (input
   // gradient into dx), the final norm's (input gradient into dh); dx and dh are overwritten, the
   // weight gradients accumulate into G. With side_dW, lm_head's weight gradient runs as side work
-  // (Ops::side), which the caller joins before its backward returns.
-  void backward(const T* P, T* G, size_t norm, size_t head, const int32_t* labels, T* dlogits, T* dx, T* dh, int N,
+  // (Ops::side), which the caller joins before its backward returns; its ticket is returned (-1
+  // without side_dW).
+  int backward(const T* P, T* G, size_t norm, size_t head, const int32_t* labels, T* dlogits, T* dx, T* dh, int N,
                 int C, int V, bool side_dW) {
-    Ops::cross_entropy_backward(dlogits, logits, labels, N, V, 1.0);
+    Ops::cross_entropy_backward(dlogits, logits, labels, N, V, dloss);
     // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
     // false) rather than zeroed and accumulated into: the same result, without the memset.
+    int ticket = -1;
     if (side_dW) {
       Ops::linear_backward(dx, nullptr, nullptr, dlogits, xf, P + head, N, C, V, false);
-      Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, xf, nullptr, N, C, V); });
+      ticket = Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, xf, nullptr, N, C, V); });
     } else {
       Ops::linear_backward(dx, G + head, static_cast<T*>(nullptr), dlogits, xf, P + head, N, C, V, false);
     }
@@ -89,6 +92,7 @@ struct LmHead {
     } else {
       Ops::rmsnorm_backward(dh, G + norm, dx, hout, P + norm, rstd, N, C, /*accumulate=*/false);
     }
+    return ticket;
   }
 };
 
@@ -155,6 +159,9 @@ class CoreFrame {
   }
   const T* logits() const { return head_.logits; }  // [B,T,V] of the last forward
   const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
+  // The backward differentiates w * (mean loss): w = 1 / A for each of A accumulated micro-batches.
+  void set_loss_weight(double w) { head_.dloss = w; }
+  double loss_weight() const { return head_.dloss; }
   // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
   int generation() const { return arena_.generation() + grad_arena_.generation(); }
   // The forward (no labels) of a piece of the sequences `st` has read (Model::forward_continue;

@@ -103,7 +103,9 @@ DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) {
     net_.layers.push_back(x);
   }
   net_.norm = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
-  net_.head = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
+  // Tied (fla/HF tie_word_embeddings): no lm_head tensor; the head reads the embedding matrix and
+  // both gradients add into it.
+  net_.head = s.tie_word_embeddings ? net_.emb : lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
   this->allocate();
   init_params(lay, this->params.data(), seed);
   for (auto [ia, idt] : gate_entries) init_forget_gate(lay, ia, idt, this->params.data(), seed);
@@ -284,7 +286,8 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
   const ops::DeltaRuleDims dd = net_.dims(B, T_);
   Grads& g = g_;
   // dh: written first here. The head's weight gradient runs as side work (see above).
-  head_.backward(P, G, net_.norm, net_.head, labels_, g.dlogits, g.dx, g.dh, N, C, V, /*side_dW=*/true);
+  const int head_ticket =
+      head_.backward(P, G, net_.norm, net_.head, labels_, g.dlogits, g.dx, g.dh, N, C, V, /*side_dW=*/true);
 
   int proj_ticket = -1;  // the last layer's q|k|v|b|a|g weight gradient (reads dproj)
   for (int li = int(net_.layers.size()) - 1; li >= 0; --li) {
@@ -321,6 +324,7 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::wait(o_ticket);  // the side work up to o_proj's dW read dh (and this layer's MLP buffers)
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }
+  if (net_.head == net_.emb && head_ticket >= 0) Ops::wait(head_ticket);  // tied: both add into one gradient
   Ops::embedding_backward(G + net_.emb, g.dh, tokens_, N, C, V);
   Ops::join();
 }

@@ -4,7 +4,7 @@
 // on, so they share this class; each adds its own config (fla's keys) and config.json.
 //
 // Pre-norm blocks:  h += o_proj(o_norm(mixer(attn_norm(h))));  h += down(silu(gate(x)) * up(x))
-// with x = mlp_norm(h); then model.norm and an untied lm_head. The mixer, per head:
+// with x = mlp_norm(h); then model.norm and lm_head (untied, or tied: the embedding matrix). The mixer, per head:
 //   q = SiLU(ShortConv(q_proj x))                        [Dk]        read once, after the last sub-step
 //   k_j, v_j = SiLU(ShortConv(k_proj x)), ... j < n_h    [n_h,Dk], [n_h,Dv]   ("t (n h d)": sub-step major)
 //   beta_j = s * sigmoid(b_proj x)_j, s = 2 when allow_neg_eigval (eigenvalues in [-1,1])
@@ -36,6 +36,7 @@ struct DeltaLMSpec {
   double norm_eps = 1e-6;
   int intermediate_size = 512;
   double initializer_range = 0.02;
+  bool tie_word_embeddings = false;  // lm_head is the embedding matrix (one tensor, both gradients)
 };
 
 // fla's MLP width: intermediate_size when set (> 0), else 256 * ceil(floor(d * ratio * 2/3) / 256).
@@ -58,7 +59,7 @@ struct DeltaLMLayout {
   DeltaLMSpec spec;
   Cols cols{};
   std::vector<LayerParams> layers;
-  size_t emb = 0, norm = 0, head = 0;
+  size_t emb = 0, norm = 0, head = 0;  // head == emb when tied
   ops::DeltaRuleDims dims(int B, int T_) const;
 };
 

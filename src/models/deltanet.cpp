@@ -15,7 +15,8 @@ void DeltaNetConfig::describe(io::Schema& s) {
       .add("norm_eps", &norm_eps, "RMSNorm epsilon", 0.0, 1.0)
       .add("hidden_ratio", &hidden_ratio, "MLP expansion ratio (used when intermediate_size is 0)", 1, 64)
       .add("intermediate_size", &intermediate_size, "MLP width; 0 = fla's rule from hidden_ratio", 0, 1 << 20)
-      .add("initializer_range", &initializer_range, "std of normal initialisations", 0.0, 10.0);
+      .add("initializer_range", &initializer_range, "std of normal initialisations", 0.0, 10.0)
+      .add("tie_word_embeddings", &tie_word_embeddings, "lm_head shares the embedding matrix (fla/HF tie_word_embeddings)");
 }
 
 int DeltaNetConfig::mlp_size() const { return fla_mlp_size(hidden_size, hidden_ratio, intermediate_size); }
@@ -40,6 +41,7 @@ DeltaLMSpec DeltaNetConfig::spec() const {
   s.norm_eps = norm_eps;
   s.intermediate_size = mlp_size();
   s.initializer_range = initializer_range;
+  s.tie_word_embeddings = tie_word_embeddings;
   return s;
 }
 
@@ -71,7 +73,7 @@ nlohmann::json DeltaNet<T>::hf_config() const {
           {"pad_token_id", nullptr},
           {"bos_token_id", nullptr},
           {"eos_token_id", nullptr},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", cfg_.tie_word_embeddings},
           {"initializer_range", cfg_.initializer_range},
           {"fuse_norm", false},
           {"fuse_swiglu", false},

@@ -23,6 +23,7 @@ struct DeltaNetConfig {
   int hidden_ratio = 4;
   int intermediate_size = 0;       // 0: fla's rule 256*ceil(floor(d*ratio*2/3)/256)
   double initializer_range = 0.02;
+  bool tie_word_embeddings = false;  // lm_head = the embedding matrix
 
   void describe(io::Schema& s);
   int head_dim() const { return hidden_size / num_heads; }

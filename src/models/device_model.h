@@ -15,8 +15,9 @@ class DeviceModel {
   virtual ~DeviceModel() = default;
   // tokens, labels: device [B,T] (labels may be null: no loss), valid until backward().
   virtual void forward(const int32_t* tokens, const int32_t* labels, int B, int T_) = 0;
-  // Accumulates the last forward's gradients into `grads`.
+  // Accumulates the last forward's gradients into `grads` (of loss_weight times its mean loss).
   virtual void backward() = 0;
+  virtual void set_loss_weight(double w) = 0;  // 1 by default; 1 / A with A accumulated micro-batches
   // Inference (no labels, no saved state), on its own activations: it does not disturb the
   // training buffers (or the CUDA graphs captured over them).
   virtual void infer(const int32_t* tokens, int B, int T_) = 0;

@@ -25,7 +25,8 @@ void describe_tail(io::Schema& s, C& c) {
       .add("norm_eps", &c.norm_eps, "RMSNorm epsilon", 0.0, 1.0)
       .add("hidden_ratio", &c.hidden_ratio, "MLP expansion ratio (used when intermediate_size is 0)", 1, 64)
       .add("intermediate_size", &c.intermediate_size, "MLP width; 0 = fla's rule from hidden_ratio", 0, 1 << 20)
-      .add("initializer_range", &c.initializer_range, "std of normal initialisations", 0.0, 10.0);
+      .add("initializer_range", &c.initializer_range, "std of normal initialisations", 0.0, 10.0)
+      .add("tie_word_embeddings", &c.tie_word_embeddings, "lm_head shares the embedding matrix (fla/HF tie_word_embeddings)");
 }
 
 template <class C>
@@ -51,6 +52,7 @@ DeltaLMSpec common_spec(const C& c) {
   s.norm_eps = c.norm_eps;
   s.intermediate_size = fla_mlp_size(c.hidden_size, c.hidden_ratio, c.intermediate_size);
   s.initializer_range = c.initializer_range;
+  s.tie_word_embeddings = c.tie_word_embeddings;
   return s;
 }
 
@@ -76,7 +78,7 @@ nlohmann::json common_hf(const C& c) {
           {"pad_token_id", nullptr},
           {"bos_token_id", nullptr},
           {"eos_token_id", nullptr},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", c.tie_word_embeddings},
           {"initializer_range", c.initializer_range},
           {"fuse_norm", false},
           {"fuse_swiglu", false},

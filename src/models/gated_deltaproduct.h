@@ -36,6 +36,7 @@ struct GatedDeltaProductConfig {
   int hidden_ratio = 4;
   int intermediate_size = 0;      // 0: fla's rule 256*ceil(floor(d*ratio*2/3)/256)
   double initializer_range = 0.02;
+  bool tie_word_embeddings = false;
 
   void describe(io::Schema& s);
   void validate(const io::Schema& s) const;
@@ -59,6 +60,7 @@ struct GatedDeltaNetConfig {
   int hidden_ratio = 4;
   int intermediate_size = 0;
   double initializer_range = 0.02;
+  bool tie_word_embeddings = false;
 
   void describe(io::Schema& s);
   void validate(const io::Schema& s) const;

@@ -15,7 +15,8 @@ void LlamaConfig::describe(io::Schema& s) {
       .add("rms_norm_eps", &rms_norm_eps, "RMSNorm epsilon", 0.0, 1.0)
       .add("rope_theta", &rope_theta, "RoPE base", 1.0, 1e12)
       .add("max_position_embeddings", &max_position_embeddings, "written to config.json (no limit in lrnn)", 1, 1 << 30)
-      .add("initializer_range", &initializer_range, "std of the normal initialisations", 0.0, 10.0);
+      .add("initializer_range", &initializer_range, "std of the normal initialisations", 0.0, 10.0)
+      .add("tie_word_embeddings", &tie_word_embeddings, "lm_head shares the embedding matrix (HF tie_word_embeddings)");
 }
 
 int LlamaConfig::mlp_size() const {
@@ -57,7 +58,7 @@ Llama<T>::Llama(const LlamaConfig& cfg, uint64_t seed) {
     net_.layers.push_back(x);
   }
   net_.norm = lay.add("model.norm.weight", {d}, Init::Ones, 0, false);
-  net_.head = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
+  net_.head = cfg.tie_word_embeddings ? net_.emb : lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
   this->allocate();
   init_params(lay, this->params.data(), seed);
 }
@@ -261,7 +262,7 @@ nlohmann::json Llama<T>::hf_config() const {
           {"attention_dropout", 0.0},
           {"mlp_bias", false},
           {"pretraining_tp", 1},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", net_.cfg.tie_word_embeddings},
           {"use_cache", true},
           {"pad_token_id", nullptr},
           {"bos_token_id", nullptr},

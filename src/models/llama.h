@@ -5,7 +5,7 @@
 //              h += down_proj(silu(gate_proj x2) * up_proj x2),              x2 = post_attention_layernorm(h)
 //   logits = lm_head(norm(h))
 // Causal softmax attention with rotary embeddings (HF rotate_half convention, rope_theta),
-// RMSNorm everywhere, no biases, untied lm_head, num_key_value_heads = num_attention_heads.
+// RMSNorm everywhere, no biases, lm_head untied or tied (tie_word_embeddings), num_key_value_heads = num_attention_heads.
 // Init as HF: every Linear and the embedding normal(0, initializer_range), norms 1.
 //
 // The network is written once (LlamaCore, over models/backend.h's ops): Llama<T> runs it on the
@@ -27,6 +27,7 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   int max_position_embeddings = 2048;  // written to config.json only: RoPE itself has no length limit
   double initializer_range = 0.02;
+  bool tie_word_embeddings = false;  // lm_head = the embedding matrix
 
   void describe(io::Schema& s);
   int head_dim() const { return hidden_size / num_attention_heads; }

@@ -98,7 +98,7 @@ void LstmCore<T, Ops>::backward(const T* P, T* G) {
   T* dh = g_.dh;
   T* dx = g_.dx;
 
-  Ops::cross_entropy_backward(g_.dlogits, acts_.logits_tm, acts_.labels_tm, N, V, 1.0);
+  Ops::cross_entropy_backward(g_.dlogits, acts_.logits_tm, acts_.labels_tm, N, V, this->loss_weight());
   const T* top = acts_.layers.back().h;
   // dh [N, H] is overwritten whole by the head's backward (accumulate = false): no zeroing.
   Ops::linear_backward(dh, G + net_.head_w, G + net_.head_b, g_.dlogits, top, P + net_.head_w, N, H, V, false);

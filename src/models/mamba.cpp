@@ -24,7 +24,8 @@ void MambaConfig::describe(io::Schema& s) {
       .add("time_step_max", &time_step_max, "largest initial delta (dt_proj.bias init)", 1e-12, 1e6)
       .add("time_step_floor", &time_step_floor, "initial delta is clamped below at this value", 0.0, 1e6)
       .add("time_step_init_scheme", &time_step_init_scheme, "dt_proj.weight init", {"random", "constant"})
-      .add("rescale_prenorm_residual", &rescale_prenorm_residual, "divide the out_proj init by sqrt(num_hidden_layers)");
+      .add("rescale_prenorm_residual", &rescale_prenorm_residual, "divide the out_proj init by sqrt(num_hidden_layers)")
+      .add("tie_word_embeddings", &tie_word_embeddings, "lm_head shares the embedding matrix (HF tie_word_embeddings)");
 }
 
 void MambaConfig::validate(const io::Schema& s) const {
@@ -69,7 +70,7 @@ Mamba<T>::Mamba(const MambaConfig& cfg, uint64_t seed) {
     net_.layers.push_back(x);
   }
   net_.norm = lay.add("backbone.norm_f.weight", {d}, Init::Ones, 0, false);
-  net_.head = lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
+  net_.head = cfg.tie_word_embeddings ? net_.emb : lay.add("lm_head.weight", {V, d}, Init::Normal, r, true);
   this->allocate();
   T* P = this->params.data();
   init_params(lay, P, seed);
@@ -244,7 +245,7 @@ nlohmann::json Mamba<T>::hf_config() const {
                       {"rescale_prenorm_residual", net_.cfg.rescale_prenorm_residual},
                       {"use_cache", true},
                       {"use_mambapy", false},
-                      {"tie_word_embeddings", false},
+                      {"tie_word_embeddings", net_.cfg.tie_word_embeddings},
                       {"allow_neg_eigval", net_.cfg.allow_neg_eigval}};
   if (net_.cfg.allow_neg_eigval) {
     // Stock transformers has no [-1,1] Mamba: MambaForCausalLM would load these weights without a

@@ -1,7 +1,7 @@
 // Mamba (Mamba-1) language model, HF transformers `MambaForCausalLM` names:
 //   h = embeddings(tokens)
 //   per layer:  h += mixer(RMSNorm(h))                         (backbone.layers.{i}.norm, .mixer)
-//   logits = lm_head(RMSNorm(h))                               (backbone.norm_f; lm_head untied)
+//   logits = lm_head(RMSNorm(h))                               (backbone.norm_f; lm_head untied or tied)
 // Mixer, d_inner = expand * d, dt_rank R, state size N:
 //   x, z  = split(in_proj(u))                                  in_proj: d -> 2 d_inner (x | z)
 //   x     = SiLU(causal depthwise conv1d(x) + conv1d.bias)     kernel conv_kernel
@@ -52,6 +52,7 @@ struct MambaConfig {
   double time_step_floor = 1e-4;
   std::string time_step_init_scheme = "random";
   bool rescale_prenorm_residual = false;
+  bool tie_word_embeddings = false;  // lm_head = the embedding matrix (HF's default; mamba_ssm's too)
 
   void describe(io::Schema& s);
   void validate(const io::Schema& s) const;

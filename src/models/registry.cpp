@@ -25,14 +25,26 @@ std::unique_ptr<Model<T>> build(const YAML::Node& block, const std::string& wher
   return std::make_unique<M<T>>(c, seed);
 }
 
+// The same without building: the resolved block (every key), for validating configs of any size.
+template <class Config>
+YAML::Node resolve(const YAML::Node& block, const std::string& where) {
+  io::Schema s(where, "model");
+  Config c;
+  c.describe(s);
+  s.parse(block);
+  c.validate(s);
+  return resolved_block(c);
+}
+
 struct ModelEntry {
   const char* type;
   std::unique_ptr<Model<float>> (*f32)(const YAML::Node&, const std::string&, uint64_t);
   std::unique_ptr<Model<double>> (*f64)(const YAML::Node&, const std::string&, uint64_t);
+  YAML::Node (*resolve)(const YAML::Node&, const std::string&);
 };
 
 #define LRNN_MODEL(TYPE, CONFIG, CLASS) \
-  ModelEntry { TYPE, &build<CONFIG, CLASS, float>, &build<CONFIG, CLASS, double> }
+  ModelEntry { TYPE, &build<CONFIG, CLASS, float>, &build<CONFIG, CLASS, double>, &resolve<CONFIG> }
 
 const ModelEntry kModels[] = {
     LRNN_MODEL("delta_net", DeltaNetConfig, DeltaNet),
@@ -53,8 +65,10 @@ std::vector<std::string> model_types() {
   return v;
 }
 
-template <class T>
-std::unique_ptr<Model<T>> create_model(const YAML::Node& block, const std::string& where, uint64_t seed) {
+// The registry row of the block's model_type; `f` runs with it, and errors from below the schema
+// (sizes) get the source too.
+template <class F>
+auto with_entry(const YAML::Node& block, const std::string& where, F&& f) {
   if (!block || !block.IsMap()) LRNN_USER_ERROR("{}: model: expected a mapping with at least model_type", where);
   if (!block["model_type"]) LRNN_USER_ERROR("{}: model.model_type: missing; one of [{}]", where, fmt::join(model_types(), ", "));
   if (!block["model_type"].IsScalar())
@@ -63,15 +77,26 @@ std::unique_ptr<Model<T>> create_model(const YAML::Node& block, const std::strin
   for (auto& e : kModels) {
     if (type != e.type) continue;
     try {
-      if constexpr (std::is_same_v<T, float>) return e.f32(block, where, seed);
-      else return e.f64(block, where, seed);
-    } catch (const UserError& err) {  // errors from below the schema (sizes) get the source too
+      return f(e);
+    } catch (const UserError& err) {
       const std::string m = err.what();
       if (m.rfind(where, 0) == 0) throw;
       LRNN_USER_ERROR("{}: {}", where, m);
     }
   }
   LRNN_USER_ERROR("{}: model.model_type: expected one of [{}], got '{}'", where, fmt::join(model_types(), ", "), type);
+}
+
+template <class T>
+std::unique_ptr<Model<T>> create_model(const YAML::Node& block, const std::string& where, uint64_t seed) {
+  return with_entry(block, where, [&](const ModelEntry& e) {
+    if constexpr (std::is_same_v<T, float>) return e.f32(block, where, seed);
+    else return e.f64(block, where, seed);
+  });
+}
+
+YAML::Node resolve_model_block(const YAML::Node& block, const std::string& where) {
+  return with_entry(block, where, [&](const ModelEntry& e) { return e.resolve(block, where); });
 }
 
 template std::unique_ptr<Model<float>> create_model<float>(const YAML::Node&, const std::string&, uint64_t);

@@ -13,6 +13,18 @@
 
 namespace lrnn {
 
+Batch Batch::rows(int r0, int n) const {
+  LRNN_CHECK(r0 >= 0 && n >= 0 && r0 + n <= B, "Batch::rows: rows [{}, {}) of {}", r0, r0 + n, B);
+  Batch m;
+  m.B = n;
+  m.T = T;
+  const auto at = [&](const std::vector<int32_t>& v, int r) { return v.begin() + std::ptrdiff_t(size_t(r) * size_t(T)); };
+  m.tokens.assign(at(tokens, r0), at(tokens, r0 + n));
+  m.labels.assign(at(labels, r0), at(labels, r0 + n));
+  if (!lengths.empty()) m.lengths.assign(lengths.begin() + r0, lengths.begin() + r0 + n);
+  return m;
+}
+
 namespace {
 
 // Task-specific keys: which task uses each, and whether a config moved it off its default.

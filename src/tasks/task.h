@@ -50,6 +50,8 @@ struct Batch {
   int B = 0, T = 0;
   std::vector<int32_t> tokens, labels;  // [B,T], right-padded with the pad token / -1
   std::vector<int> lengths;             // input length of each row
+  // Rows [r0, r0 + rows) as a batch of their own (a micro-batch of gradient accumulation).
+  Batch rows(int r0, int rows) const;
 };
 
 // How a task's samples are scored (train/evaluate.h). Answer: one supervised answer per sample,

@@ -7,7 +7,10 @@ namespace lrnn {
 
 void TrainingConfig::describe(io::Schema& s) {
   s.add("num_steps", &num_steps, "optimizer steps", 0, double(kMaxSteps))
-      .add("batch_size", &batch_size, "sequences per step", 1, 1 << 24)
+      .add("batch_size", &batch_size, "sequences per optimizer step (all micro-batches together)", 1, 1 << 24)
+      .add("gradient_accumulation_steps", &gradient_accumulation_steps,
+           "micro-batches per step: forward and backward run on batch_size / this many sequences at a time, the "
+           "step's gradient is the mean of theirs (memory for one micro-batch)", 1, 1 << 20)
       .add("lr", &lr, "peak learning rate", 0.0, 10.0)
       .add("min_lr", &min_lr, "learning rate at the end of the cosine decay", 0.0, 10.0)
       .add("warmup_steps", &warmup_steps, "linear warmup steps", 0, 1e12)
@@ -66,6 +69,9 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
   if (c.training.lr * c.training.weight_decay > 1.0)
     LRNN_USER_ERROR("{}: training.weight_decay: lr * weight_decay must not exceed 1 (each step multiplies the "
                     "weights by 1 - lr * weight_decay), got {} * {}", source, c.training.lr, c.training.weight_decay);
+  if (c.training.batch_size % c.training.gradient_accumulation_steps != 0)
+    LRNN_USER_ERROR("{}: training.gradient_accumulation_steps: must divide training.batch_size ({}) into equal "
+                    "micro-batches, got {}", source, c.training.batch_size, c.training.gradient_accumulation_steps);
   if (c.training.min_lr > c.training.lr)
     LRNN_USER_ERROR("{}: training.min_lr: must not exceed training.lr ({}), got {}", source, c.training.lr, c.training.min_lr);
   c.model = YAML::Clone(root["model"]);
@@ -82,11 +88,12 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
     }
   }
   if (!c.model["vocab_size"]) c.model["vocab_size"] = vocab;
-  // Validate the model block now (building a model is cheap), so errors come before any work.
-  auto m = create_model<float>(c.model, source, 0);
-  if (m->vocab_size() < vocab)
-    LRNN_USER_ERROR("{}: model.vocab_size: task '{}' needs at least {}, got {}", source, c.task.name, vocab, m->vocab_size());
-  c.model = m->resolved_config();
+  // Validate the model block now, so errors come before any work (without building the model: its
+  // parameters may not fit this machine, e.g. a config checked on a laptop for a GPU).
+  c.model = resolve_model_block(c.model, source);
+  const int model_vocab = c.model["vocab_size"].as<int>();
+  if (model_vocab < vocab)
+    LRNN_USER_ERROR("{}: model.vocab_size: task '{}' needs at least {}, got {}", source, c.task.name, vocab, model_vocab);
   return c;
 }
 

@@ -15,7 +15,8 @@ inline constexpr int64_t kMaxSteps = 1'000'000'000'000;
 
 struct TrainingConfig {
   int64_t num_steps = 1000;
-  int batch_size = 256;
+  int batch_size = 256;            // sequences per optimizer step (all micro-batches together)
+  int gradient_accumulation_steps = 1;  // micro-batches of batch_size / this many sequences per step
   double lr = 1e-3;
   double min_lr = 1e-6;            // floor of the cosine schedule
   int64_t warmup_steps = 100;

@@ -19,6 +19,7 @@
 #include "cuda/runtime.h"
 #include "models/device_model.h"
 #include "ops/adamw/adamw_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
 #include "train/engine.h"
 #include "train/schedule.h"
 
@@ -83,6 +84,7 @@ class CudaEngine final : public Engine {
     for (int64_t s = 0; s < int64_t(lr.size()); ++s)
       lr[s] = float(lr_at(s, tc_.num_steps, tc_.warmup_steps, tc_.lr, tc_.min_lr));
     lr_table_.upload(lr);
+    loss_acc_.resize(1);  // the step's loss while micro-batches accumulate (not allocated inside a capture)
     ops::cuda::StepStats s{};
     s.step = st.step;
     s.adam_step = st.adam_step;
@@ -111,7 +113,7 @@ class CudaEngine final : public Engine {
     LRNN_CUDA_CHECK(cudaEventRecord(events_[slot], cuda::stream()));
 
     const int gen = dev_->generation();
-    dev_->reserve(b.B, b.T);  // outside any capture: buffers grow here, never inside a graph
+    dev_->reserve(b.B / tc_.gradient_accumulation_steps, b.T);  // outside any capture: buffers grow here, never inside a graph
     if (dev_->generation() != gen) drop_graphs();
     if (!use_graphs_) {
       run_step(b.B, b.T);
@@ -163,16 +165,30 @@ class CudaEngine final : public Engine {
 
  private:
   // Everything one step launches, in order (what a graph captures).
+  // With gradient accumulation, the forward and backward of each micro-batch of B / A rows; each
+  // backward adds its gradient with weight 1 / A (the loss weight of the head's cross-entropy), and
+  // the step's loss is the mean of theirs.
   void run_step(int B, int T_) {
     const size_t P = host_->params.size();
     {
       cuda::OpTimer t("zero_grads");
       dev_->grads.zero();
     }
-    dev_->forward(tokens_.data(), labels_.data(), B, T_);
-    dev_->backward();
+    const int A = tc_.gradient_accumulation_steps, rows = B / A;
+    const float* loss = dev_->loss();
+    if (A > 1) {
+      dev_->set_loss_weight(1.0 / A);
+      ops::cuda::zero(loss_acc_.data(), 1);
+    }
+    for (int k = 0; k < A; ++k) {
+      const size_t at = size_t(k) * size_t(rows) * size_t(T_);
+      dev_->forward(tokens_.data() + at, labels_.data() + at, rows, T_);
+      if (A > 1) ops::cuda::add_scaled(loss_acc_.data(), dev_->loss(), 1.0f / float(A), 1);
+      dev_->backward();
+    }
+    if (A > 1) loss = loss_acc_.data();
     cuda::OpTimer t("optimizer (norm, clip, adamw)");
-    ops::cuda::optimizer_prepare(stats_.data(), dev_->loss(), dev_->grads.data(), P, lr_table_.data(),
+    ops::cuda::optimizer_prepare(stats_.data(), loss, dev_->grads.data(), P, lr_table_.data(),
                                  int64_t(lr_table_.size()), tc_.grad_clip);
     ops::cuda::adamw_update(dev_->params.data(), dev_->grads.data(), m_.data(), v_.data(), decay_.data(), P,
                             stats_.data(), tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay);
@@ -212,7 +228,7 @@ class CudaEngine final : public Engine {
   std::unique_ptr<Model<float>> host_;
   std::string model_type_;
   std::unique_ptr<DeviceModel> dev_;
-  cuda::Buffer<float> m_, v_, lr_table_;
+  cuda::Buffer<float> m_, v_, lr_table_, loss_acc_;
   cuda::Buffer<uint8_t> decay_;
   cuda::Buffer<ops::cuda::StepStats> stats_;
   cuda::Buffer<int32_t> tokens_, labels_, eval_tokens_;

@@ -270,7 +270,22 @@ class CpuEngine final : public Engine {
   void step(const Batch& b, int64_t, double lr) override {
     Model<float>& model = dp_.main();
     const size_t P = model.params.size();
-    loss_ = dp_.forward_backward(b);
+    const int A = tc_.gradient_accumulation_steps;
+    if (A == 1) {
+      loss_ = dp_.forward_backward(b);
+    } else {
+      // Micro-batches of B / A rows: the step's loss and gradient are the means of theirs (the
+      // mean over all tokens when every micro-batch has as many labels, as in language modelling).
+      const int rows = b.B / A;
+      acc_.assign(P, 0.f);
+      loss_ = 0;
+      for (int k = 0; k < A; ++k) {
+        loss_ += dp_.forward_backward(b.rows(k * rows, rows)) / A;
+        const float* g = model.grads.data();
+        for (size_t i = 0; i < P; ++i) acc_[i] += g[i] / float(A);
+      }
+      model.grads.swap(acc_);
+    }
     norm_ = ops::global_norm(model.grads.data(), P);
     lr_ = lr;
     if (!std::isfinite(loss_) || !std::isfinite(norm_)) {
@@ -318,10 +333,11 @@ class CpuEngine final : public Engine {
     auto rows = [&](int B) { return std::max(1, (B + W - 1) / W); };
     // Input lengths: at most the range's top, plus a BOS (lm: the windows).
     const auto [train_T, eval_T] = task_input_lengths(t);
-    const uint64_t train = m.activation_bytes(rows(tc_.batch_size), train_T, true);
+    const uint64_t train = m.activation_bytes(rows(tc_.batch_size / tc_.gradient_accumulation_steps), train_T, true);
     const uint64_t eval = m.activation_bytes(rows(t.eval_batch_size), eval_T, false) +
                           uint64_t(t.eval_batch_size) * uint64_t(eval_T) * V * sizeof(float) / uint64_t(W);
-    const uint64_t total = uint64_t(W) * (2 * P * sizeof(float) + std::max(train, eval)) + 2 * P * sizeof(float);
+    const uint64_t acc = tc_.gradient_accumulation_steps > 1 ? P * sizeof(float) : 0;
+    const uint64_t total = uint64_t(W) * (2 * P * sizeof(float) + std::max(train, eval)) + 2 * P * sizeof(float) + acc;
     const bool lm = t.name == "lm";
     check_memory(total, fmt::format("{}: this run ({} workers; training.batch_size {} x {} {}, task.eval_batch_size {} x "
                                     "{} {}, {} parameters)", cfg.source, W, tc_.batch_size,
@@ -333,6 +349,7 @@ class CpuEngine final : public Engine {
   const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
   DataParallel dp_;
   std::vector<uint8_t> decay_;
+  std::vector<float> acc_;  // the step's gradient while micro-batches accumulate
   TrainState st_;
   double loss_ = 0, norm_ = 0, lr_ = 0, loss_sum_ = 0;
   int64_t loss_n_ = 0;

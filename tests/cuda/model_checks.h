@@ -92,7 +92,8 @@ inline std::vector<double> losses_of(const std::filesystem::path& dir) {
 }
 
 // A 30-step parity run (batch 32, clipping, warmup) of the model block `model_yaml` on `device`.
-inline ExperimentConfig short_run(const std::string& model_yaml, const std::string& device, int steps = 30) {
+inline ExperimentConfig short_run(const std::string& model_yaml, const std::string& device, int steps = 30,
+                                  int accumulation = 1) {
   YAML::Node root = YAML::Load(R"(
 training: {batch_size: 32, lr: 3.0e-3, warmup_steps: 5, weight_decay: 0.1, grad_clip: 1.0,
            checkpoint_every: 0, num_threads: 1}
@@ -102,21 +103,23 @@ logging: {log_every: 1, progress: none}
   root["model"] = YAML::Load(model_yaml);
   root["training"]["device"] = device;
   root["training"]["num_steps"] = steps;
+  root["training"]["gradient_accumulation_steps"] = accumulation;
   return ExperimentConfig::from_yaml(root, "cuda test");
 }
 
 // 30 steps on the GPU (graphs, device AdamW with clipping, fp32 GEMMs) follow the CPU run's
-// losses; fp32 rounding separates the runs slowly, so the tolerance grows with the step.
-inline void expect_gpu_tracks_cpu(const std::string& model_yaml, const std::string& tag) {
+// losses; fp32 rounding separates the runs slowly, so the tolerance grows with the step. With
+// `accumulation` > 1 both take the step's gradient over that many micro-batches.
+inline void expect_gpu_tracks_cpu(const std::string& model_yaml, const std::string& tag, int accumulation = 1) {
   namespace fs = std::filesystem;
   setenv("LRNN_CUDA_TF32", "0", 1);
   TrainOptions o;
   o.quiet = true;
   o.out_dir = test::temp_dir(tag + "_traj_cpu");
-  train(short_run(model_yaml, "cpu"), o);
+  train(short_run(model_yaml, "cpu", 30, accumulation), o);
   auto cpu = losses_of(o.out_dir);
   o.out_dir = test::temp_dir(tag + "_traj_gpu");
-  TrainSummary s = train(short_run(model_yaml, "cuda"), o);
+  TrainSummary s = train(short_run(model_yaml, "cuda", 30, accumulation), o);
   auto gpu = losses_of(o.out_dir);
   unsetenv("LRNN_CUDA_TF32");
   ASSERT_EQ(cpu.size(), 30u);

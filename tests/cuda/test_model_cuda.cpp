@@ -20,6 +20,9 @@ TEST(ModelCuda, DeltaNetMatchesCpu) {
                 "allow_neg_eigval: true}", 1e-4);
   compare_model("{model_type: delta_net, vocab_size: 3, hidden_size: 128, num_hidden_layers: 2, num_heads: 4, "
                 "allow_neg_eigval: false, use_short_conv: false}", 1e-4);
+  // Tied embeddings: the head's weight gradient (side stream) and the embedding's add into one tensor.
+  compare_model("{model_type: delta_net, vocab_size: 300, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
+                "allow_neg_eigval: true, tie_word_embeddings: true}", 1e-4);
 }
 
 TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
@@ -85,6 +88,15 @@ TEST(ModelCuda, TrainingTracksCpuLossTrajectory) {
   expect_gpu_tracks_cpu("{model_type: delta_net, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
                         "allow_neg_eigval: true}",
                         "deltanet");
+}
+
+// Gradient accumulation (4 micro-batches of 8): each micro-batch's backward adds 1/4 of its
+// gradient on the device inside the captured step; the CPU adds the micro-batch gradients / 4.
+TEST(ModelCuda, GradientAccumulationTracksCpu) {
+  LRNN_REQUIRE_GPU();
+  expect_gpu_tracks_cpu("{model_type: delta_net, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
+                        "allow_neg_eigval: true, tie_word_embeddings: true}",
+                        "deltanet_accum", 4);
 }
 
 // A GPU run killed (SIGKILL, fault injection) and resumed with `lrnn train --resume` continues

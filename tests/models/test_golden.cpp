@@ -1,7 +1,7 @@
 // DeltaNet against an independent PyTorch implementation (tools/golden_deltanet.py, float64):
 // logits, loss, every gradient, and five clipped AdamW steps. Checked in double (to ~1e-10) and
 // in float (the production path, to the precision fp32 allows). Cases: eigenvalues in [-1,1]
-// with short conv; [0,1] without.
+// with short conv; [0,1] without; a language model with tied embeddings.
 #include <gtest/gtest.h>
 #include "golden_util.h"
 
@@ -9,7 +9,8 @@ using namespace lrnn;
 
 namespace {
 
-const char* kFiles[] = {"golden_deltanet_neg.safetensors", "golden_deltanet_pos_noconv.safetensors"};
+const char* kFiles[] = {"golden_deltanet_neg.safetensors", "golden_deltanet_pos_noconv.safetensors",
+                        "golden_deltanet_lm_tied.safetensors"};
 
 class GoldenDeltaNet : public ::testing::TestWithParam<const char*> {};
 TEST_P(GoldenDeltaNet, Double) { golden::check_golden<double>(GetParam(), golden::kDouble, "delta_net"); }

@@ -256,6 +256,8 @@ class LrnnMambaModel(LrnnMambaPreTrainedModel):
 
 
 class LrnnMambaForCausalLM(LrnnMambaPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = ["lm_head.weight"]  # tied when config.tie_word_embeddings (post_init ties them)
+
     def __init__(self, config: LrnnMambaConfig):
         super().__init__(config)
         self.backbone = LrnnMambaModel(config)

@@ -11,6 +11,10 @@ __global__ void add_kernel(float4* y, const float4* x, size_t n4) {
     y[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
   }
 }
+__global__ void add_scaled_kernel(float* __restrict__ y, const float* __restrict__ x, float a, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a * x[i];
+}
 __global__ void add_tail(float* y, const float* x, size_t from, size_t n) {
   size_t i = from + size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
@@ -80,6 +84,12 @@ void to_bf16(bf16* y_, const float* x, size_t n) {
     to_bf16_tail<<<lrnn::cuda::blocks_for(n - n4 * 4, 256), 256, 0, lrnn::cuda::stream()>>>(y, x, n4 * 4, n);
     LRNN_CUDA_LAUNCH_CHECK();
   }
+}
+
+void add_scaled(float* y, const float* x, float a, size_t n) {
+  if (!n) return;
+  add_scaled_kernel<<<lrnn::cuda::blocks_for(n, 256), 256, 0, lrnn::cuda::stream()>>>(y, x, a, n);
+  LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void add_inplace(float* y, const float* x, size_t n) {

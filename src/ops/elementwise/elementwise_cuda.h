@@ -4,6 +4,8 @@
 #include "core/dtype.h"
 namespace lrnn::ops::cuda {
 void add_inplace(float* y, const float* x, size_t n);
+// y[i] += a * x[i]
+void add_scaled(float* y, const float* x, float a, size_t n);
 void zero(float* p, size_t n);
 // y = bf16(x), rounded to nearest even (NaN stays NaN): weights and gradients entering bf16 GEMMs.
 void to_bf16(bf16* y, const float* x, size_t n);
