@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_TEST_SECONDS ?= 10
 BUILD := build
 
-.PHONY: all deps configure build demo lm-demo test bench clean fuzz sanitize
+.PHONY: all deps configure build demo demo-lm test bench clean fuzz sanitize
 
 all: build
 
@@ -24,9 +24,10 @@ build: configure
 demo: build
 	bash scripts/demo.sh
 
-# A small language model on Shakespeare's plays: tokenizer, shards, DeltaNet [0,1] vs [-1,1] (~4 min).
-lm-demo: build
-	bash scripts/lm_demo.sh
+# A small language model on Shakespeare's plays: tokenizer, shards, DeltaNet [0,1] vs [-1,1], a
+# generated sample (~4 min).
+demo-lm: build
+	bash scripts/demo_lm.sh
 
 test: build
 	# Passive waiting: ctest runs tests side by side, and spinning OpenMP threads would steal the cores.

@@ -3,7 +3,7 @@
 # and a timed parity run (DeltaNet [-1,1], P1 model, until scaled accuracy >= 0.99 on 40-256),
 # then print a short table. Logs and the table go to $OUT (default gpu-check-out/).
 # SECTIONS picks what runs (default "tests bench parity"; add lm-train, lm-speed, lm-gen for the
-# language-model checks below, which want data/shakespeare from scripts/lm_demo.sh and, for the fla
+# language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
 # side by side, fla on PYTHONPATH).
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run

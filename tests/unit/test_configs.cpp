@@ -16,7 +16,7 @@ TEST(Configs, EveryShippedConfigValidates) {
     if (e.path().parent_path().filename() == "grids") continue;  // sweep grids: checked below
     SCOPED_TRACE(e.path().string());
     std::vector<std::string> sets;
-    // Language-model configs name a corpus the user makes (scripts/lm_demo.sh): validate them on a
+    // Language-model configs name a corpus the user makes (scripts/demo_lm.sh): validate them on a
     // small one made here from the test corpus.
     if (YAML::LoadFile(e.path().string())["task"]["name"].as<std::string>("") == "lm") {
       static const fs::path corpus = [] {
@@ -25,7 +25,7 @@ TEST(Configs, EveryShippedConfigValidates) {
         auto files = lrnn::test::corpus_files();
         files.resize(2);
         lrnn::test::RunResult r = lrnn::test::run_lrnn("tokenize --tokenizer '" + tok.string() + "' --input" +
-                                                       lrnn::test::join_paths(files) + " --text-unit blank-line --out '" +
+                                                       lrnn::test::join_paths(files) + " --text-unit blank-line --val-fraction 0.2 --out '" +
                                                        (d / "data").string() + "'");
         EXPECT_EQ(r.code, 0) << r.out;
         return d / "data";
