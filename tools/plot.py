@@ -22,7 +22,12 @@ task, in --out DIR (default: the first PATH):
                                      and the training lengths (dashed); validation loss and
                                      perplexity where the eval lines have them (language models);
   <task>_<metric>_by_length.png      the metric at each length of eval.json (test lengths, and the
-                                     training lengths shaded), from the runs that have finished.
+                                     training lengths shaded), from the runs that have finished;
+  lm_loss_by_position.png            language models (task.name lm): the validation loss at each
+                                     position of the window and its cumulative mean (P2's
+                                     length-extrapolation curves), from the longest window evaluated
+                                     (eval.json, or eval_context<T>.json of `lrnn eval --set
+                                     task.eval_context=T`), the training context marked.
 <task> is e.g. parity, word_problem_S5; <metric> is the task's metric:
   scaled_accuracy    the Chomsky tasks (parity, modular_arithmetic, ...): (acc - chance) / (1 - chance);
   sequence_accuracy  word problems: the fraction of sequences whose predictions are all right up to
@@ -76,6 +81,7 @@ CHOMSKY_TASKS = {
     "modular_arithmetic": "Modular arithmetic",
     "modular_arithmetic_with_brackets": "Modular arithmetic with brackets",
 }
+TASK_TITLES = {"lm": "Language modelling"}
 
 # Config keys that do not change what a run computes (as `lrnn sweep` compares configs), and the seed.
 IGNORED_KEYS = {("training", "seed"), ("training", "num_threads"), ("training", "val_every"),
@@ -347,7 +353,7 @@ def task_info(run):
         slug = f"word_problem_{group}" + "".join(
             "_" + re.sub(r"[^A-Za-z0-9]+", "_", v).strip("_") for v in variants)
         return TaskInfo(("word_problem", group, tuple(variants)), title, slug, "sequence")
-    title = CHOMSKY_TASKS.get(name, str(name).replace("_", " ").capitalize())
+    title = CHOMSKY_TASKS.get(name) or TASK_TITLES.get(name) or str(name).replace("_", " ").capitalize()
     extra = []
     if name == "cycle_navigation" and task.get("cycle_length") not in (None, 5):
         extra.append(f"cycle length {task['cycle_length']}")
@@ -576,6 +582,97 @@ def metric_vs_length(run, info, min_samples=64):
             xs.append(sum(length for length, _ in chunk) / len(chunk))
             ys.append(sum(v.get("n", 1) * v["scaled_accuracy"] for _, v in chunk) / max(n, 1))
     return (xs, ys, width) if xs else None
+
+
+def lm_by_position(run):
+    """(positions 1..T, mean loss at each, cumulative mean, evaluated context) of a language model's
+    longest-window evaluation (eval.json or eval_context<T>.json), or None."""
+    found = []
+    if run.eval and isinstance(run.eval.get("loss_by_position"), list):
+        found.append(run.eval)
+    try:
+        names = sorted(os.listdir(run.path))
+    except OSError:
+        names = []
+    for name in names:
+        if re.fullmatch(r"eval_context\d+\.json", name):
+            try:
+                with open(os.path.join(run.path, name)) as f:
+                    e = json.load(f)
+            except (OSError, ValueError) as err:
+                warn(f"{os.path.join(run.path, name)}: unreadable ({err}); left out")
+                continue
+            if isinstance(e, dict) and isinstance(e.get("loss_by_position"), list):
+                found.append(e)
+    found = [e for e in found if e["loss_by_position"]]
+    if not found:
+        return None
+    e = max(found, key=lambda j: len(j["loss_by_position"]))
+    y = np.asarray(e["loss_by_position"], float)
+    x = np.arange(1, len(y) + 1)
+    return x, y, np.cumsum(y) / x, len(y)
+
+
+def smooth(x, y, points=400):
+    """Means over bins of equal width in log position, at most `points` of them (32k noisy points
+    become a readable curve; the first positions keep their own bins)."""
+    if len(x) <= points:
+        return x, y
+    edges = np.unique(np.round(np.geomspace(1, len(x) + 1, points + 1)).astype(int))
+    xs, ys = [], []
+    for a, b in zip(edges[:-1], edges[1:]):
+        xs.append(x[a - 1:b - 1].mean())
+        ys.append(y[a - 1:b - 1].mean())
+    return np.asarray(xs), np.asarray(ys)
+
+
+def plot_lm_positions(groups, info, subtitle, out, spread="both"):
+    """Loss at each position and its cumulative mean, per group of runs. Returns {'title', 'panels',
+    'curves': {label: n runs}}, or None when no run has a loss by position."""
+    data = []
+    for g in groups:
+        series = [(r, lm_by_position(r)) for r in g.runs]
+        series = [(r, s) for r, s in series if s]
+        if series:
+            data.append((g, series))
+    if not data:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.6), dpi=120)
+    colors = {id(g): f"C{i % 10}" for i, g in enumerate(groups)}
+    contexts, longest, curves, labels = set(), 1, {}, []
+    for g, series in data:
+        c = colors[id(g)]
+        draw_group(axes[0], [smooth(s[0], s[1]) for _, s in series], c, spread)
+        draw_group(axes[1], [(s[0], s[2]) for _, s in series], c, spread)
+        for r, s in series:
+            ctx = r.section("task").get("context")
+            if isinstance(ctx, int):
+                contexts.add(ctx)
+            longest = max(longest, s[3])
+        finals = [float(s[2][-1]) for _, s in series]
+        labels.append((g, f"{g.label}: mean loss over {max(s[3] for _, s in series)} positions "
+                          f"{float(np.median(finals)):.3f}"))
+        curves[g.label] = len(series)
+    for ax, title in zip(axes, ("loss at each position (binned)", "cumulative mean loss up to each position")):
+        for ctx in sorted(contexts):
+            ax.axvline(ctx, color="0.45", ls="--", lw=0.9)
+        if longest > 64:
+            ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("position in the window")
+        ax.set_ylabel("cross-entropy (nats per token)")
+        ax.grid(alpha=0.3, which="both")
+    title = f"{info.title}: loss by position"
+    note = f"dashed: training context {', '.join(map(str, sorted(contexts)))}" if contexts else ""
+    fig.suptitle(f"{title}\n{subtitle}; {note}{'; ' if note else ''}{_spread_note([g for g, _ in data], spread)}",
+                 fontsize=10.5)
+    handles = [Line2D([], [], color=colors[id(g)], lw=2, label=lab) for g, lab in labels]
+    bottom = _bottom_margin(fig, len(handles))
+    fig.legend(handles=handles, loc="lower center", ncol=1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(out)
+    plt.close(fig)
+    return {"title": title, "panels": [(a.get_title(), a.get_ylabel()) for a in axes], "curves": curves}
 
 
 def seed_spread(series):
@@ -847,6 +944,13 @@ def make_plots(paths, out_dir=None, all_lrs=False, spread="both"):
         sub = describe_sources(paths, [r for g in groups for r in g.runs])
         png = os.path.join(out_dir, f"{info.slug}_training.png")
         written.append((png, plot_training(groups, info, sub, png, spread)))
+        if info.key[0] == "lm":
+            png = os.path.join(out_dir, f"{info.slug}_loss_by_position.png")
+            summary = plot_lm_positions(groups, info, sub, png, spread)
+            if summary:
+                written.append((png, summary))
+            else:
+                print(f"{info.title}: no evaluation with a loss by position yet; no by-position plot")
         if info.metric:
             png = os.path.join(out_dir, f"{info.slug}_{info.metric_slug}_by_length.png")
             summary = plot_by_length(groups, info, sub, png, spread)

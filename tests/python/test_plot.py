@@ -314,6 +314,36 @@ class PlotTest(unittest.TestCase):
         by_len = dict((os.path.basename(p), s) for p, s in written)["parity_scaled_accuracy_by_length.png"]
         self.assertEqual(sorted(by_len["curves"].values()), [2, 3])
 
+    def test_language_model_loss_by_position(self):
+        # Two lm runs ([0,1] and [-1,1]) with eval.json (the training context, 64) and a longer
+        # evaluation (eval_context256.json): the by-position plot takes the longest window of each.
+        lm_task = {"name": "lm", "data": "/data/x", "context": 64, "eval_context": 0, "eval_tokens": 0}
+        for neg in (False, True):
+            d = self.path(f"lm_{neg}")
+            curve = [4.0 - 0.5 * min(t, 64) / 64 + (0.002 * max(0, t - 64) if not neg else 0.0) for t in range(64)]
+            ev = {"metric": "val_loss", "val_loss": sum(curve) / 64, "perplexity": 40.0, "tokens": 6400,
+                  "windows": 100, "context": 64, "loss_by_position": curve, "task": "lm"}
+            write_run(d, config_yaml(lm_task, {"allow_neg_eigval": neg}), [(50, 5.0), (100, 4.0)],
+                      [{"step": 100, "val_loss": ev["val_loss"], "perplexity": 40.0, "tokens": 6400}], ev)
+            longer = [4.0 - 0.5 * min(t, 64) / 64 + (0.002 * max(0, t - 64) if not neg else 0.0) for t in range(256)]
+            with open(os.path.join(d, "eval_context256.json"), "w") as f:
+                json.dump(dict(ev, context=256, loss_by_position=longer), f)
+        xs, ys, cum, T = plot.lm_by_position(plot.find_runs(self.path("lm_False"))[0])
+        self.assertEqual(T, 256)
+        self.assertAlmostEqual(cum[-1], sum(ys) / 256)
+        written, _, _ = quiet(plot.make_plots, [self.path("lm_False"), self.path("lm_True")], self.path("out"))
+        names = {os.path.basename(p): s for p, s in written}
+        self.assertIn("lm_loss_by_position.png", names)
+        self.assert_png(self.path("out", "lm_loss_by_position.png"))
+        self.assertEqual(sorted(names["lm_loss_by_position.png"]["curves"].values()), [1, 1])
+        self.assertEqual([t for t, _ in names["lm_loss_by_position.png"]["panels"]],
+                         ["loss at each position (binned)", "cumulative mean loss up to each position"])
+        # Binning keeps the mean of what it bins.
+        x = plot.np.arange(1, 10001, dtype=float)
+        bx, by = plot.smooth(x, x * 0 + 2.0)
+        self.assertLessEqual(len(bx), 400)
+        self.assertTrue(all(abs(v - 2.0) < 1e-12 for v in by))
+
     def test_errors_exit_2_naming_the_path(self):
         empty = self.path("empty")
         os.makedirs(empty)
