@@ -1,5 +1,5 @@
 """The peer measurements for lrnn's language models: PyTorch + flash-linear-attention (fla) on the
-same GPU, at the same shape, in the same run (scripts/gpu-lm.sh runs both).
+same GPU, at the same shape, in the same run (scripts/gpu-check.sh runs both: SECTIONS="lm-speed lm-gen").
 
     python3 bench/lm_fla.py train --model delta_net --hidden 1024 --layers 24 --heads 8 \
         --vocab 32000 --context 2048 --batch 8 [--neg] [--householder 2] [--steps 20]

@@ -4,7 +4,7 @@
 # then print a short table. Logs and the table go to $OUT (default gpu-check-out/).
 # SECTIONS picks what runs (default "tests bench parity"; add lm-train, lm-speed, lm-gen for the
 # language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
-# side by side, fla on PYTHONPATH).
+# side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests (a gtest filter, default all).
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -31,18 +31,22 @@ build() {
 
 pack() {
   local dir=$1
-  rm -rf "$dir" && mkdir -p "$dir/tests" "$dir/bench" "$dir/lib"
+  rm -rf "$dir" && mkdir -p "$dir/tests" "$dir/bench" "$dir/lib" "$dir/lib-extra"
   cp "$BUILD/lrnn" "$dir/"
   cp "$BUILD/tests/cuda_tests" "$dir/tests/"
   cp "$BUILD/bench/bench_cuda" "$dir/bench/"
   strip "$dir/lrnn" "$dir/tests/cuda_tests" "$dir/bench/bench_cuda"
   # Shared libraries from our Debian packages (not glibc, libstdc++, CUDA: those are there).
-  ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|yaml-cpp|fmt|gomp|sentencepiece' |
+  ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'openblas|gfortran|quadmath|yaml-cpp|fmt|gomp|sentencepiece|httplib|brotli' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+  # Libraries every distribution has (OpenSSL and zlib, for cpp-httplib), used only where missing:
+  # ours would shadow the system's for every program the checks start.
+  ldd "$BUILD/lrnn" | awk '/=>/ {print $3}' | grep -E 'libssl|libcrypto|libz\.' |
+    while read -r lib; do cp -L "$lib" "$dir/lib-extra/"; done
   # Compressed (OpenBLAS alone is 36 MB, each binary ~18 MB), the pack stays well under what a
   # device call carries; --prebuilt unpacks it.
-  tar cf - -C "$dir" lrnn tests bench lib | xz -T0 -6 >"$dir/pack.tar.xz"
-  rm -rf "$dir/lrnn" "$dir/tests" "$dir/bench" "$dir/lib"
+  tar cf - -C "$dir" lrnn tests bench lib lib-extra | xz -T0 -6 >"$dir/pack.tar.xz"
+  rm -rf "$dir/lrnn" "$dir/tests" "$dir/bench" "$dir/lib" "$dir/lib-extra"
   echo "$(cd "$ROOT" && pwd)" >"$dir/BUILT_IN"
   echo "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src tests bench || echo +changes)" \
     >"$dir/COMMIT"
@@ -65,7 +69,7 @@ run_checks() {
   if want tests; then
   echo "== CUDA tests"
   local rc=0
-  timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
+  timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
   local passed failed skipped
   passed=$(grep -c '^\[       OK \]' "$OUT/cuda_tests.log" || true)
   failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.log" || true)
@@ -243,6 +247,9 @@ case "$MODE" in
       [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
     done
     export LD_LIBRARY_PATH="$PACK/lib:${LD_LIBRARY_PATH:-}"
+    if ldd "$PACK/lrnn" | grep -q 'not found' && [[ -d "$PACK/lib-extra" ]]; then
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PACK/lib-extra"
+    fi
     if ldd "$PACK/lrnn" | grep -q 'not found'; then ldd "$PACK/lrnn"; echo "missing libraries" >&2; exit 1; fi
     run_checks "$PACK"
     ;;
