@@ -61,7 +61,7 @@ namespace lrnn {
   X(short_conv_backward) X(l2norm_forward) X(l2norm_backward) X(forget_gate_forward)                   \
   X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward) X(delta_rule_forward)     \
   X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_backward) X(add_inplace) \
-  X(zero)
+  X(add_scaled) X(zero)
 // ... and those Mamba adds (row-major strided GEMM, selective scan).
 #define LRNN_MAMBA_OPS(X) X(gemm) X(selective_scan_forward) X(selective_scan_backward)
 // ... and those the xLSTMs add (LayerNorm, block-diagonal linear, GELU gate, the two cells).

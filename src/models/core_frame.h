@@ -38,25 +38,50 @@ E* take(Alloc& a, size_t n) {
   }
 }
 
+// The most logits a language model's training step holds at once (elements; process-wide, tests
+// lower it): above it the head works in chunks of rows (LmHead).
+inline size_t& lm_head_chunk_elements() {
+  static size_t n = size_t(1) << 24;  // 64 MiB of fp32
+  return n;
+}
+
 // The head on the last residual stream hout [N, C]: xf = norm(hout), logits = lm_head(xf)
 // [N, V] (no bias), and the mean cross-entropy over the counted labels. The final norm is an
 // RMSNorm (fla, HF), or with layer_norm the xlstm package's LayerNorm (no bias, its weight an
 // offset from 1).
+//
+// Large vocabularies: when every label counts (`dense`, language modelling) and a training
+// batch's N·V logits exceed lm_head_chunk_elements(), the head never holds them all. The forward
+// takes the loss chunk by chunk of R rows (R·V logits at a time, the chunk's mean loss weighted by
+// its share of the rows), keeping only xf; the backward computes each chunk's logits again (one
+// more GEMM of the head's size) for its dlogits, dx rows and the weight gradient. The result is
+// the unchunked one up to the order of the sums. logits() then holds the last chunk's only.
 template <class T, class Ops>
 struct LmHead {
   T *hout = nullptr, *mu = nullptr, *rstd = nullptr, *xf = nullptr, *logits = nullptr, *loss = nullptr;
   bool layer_norm = false;
   double dloss = 1.0;  // the weight of this forward's mean loss in what the backward differentiates
+  bool dense = false;  // every label counts (language modelling): the head may work in chunks
+  size_t chunk = 0;    // rows per chunk of the last carve's training step (0: all rows at once)
+
+  // Rows of logits a step on N positions holds at once.
+  size_t rows(size_t N, size_t V, bool train) const {
+    const size_t cap = lm_head_chunk_elements();
+    if (!train || !dense || N * V <= cap) return N;
+    return std::min(N, std::max<size_t>(1, cap / V));
+  }
 
   template <class Alloc>
-  void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_) {
+  void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_, bool train) {
     layer_norm = layer_norm_;
+    const size_t R = rows(N, V, train);
+    chunk = R < N ? R : 0;
     hout = take<T>(a, N * C);
     mu = layer_norm ? take<T>(a, N) : nullptr;
     rstd = take<T>(a, N);
     xf = take<T>(a, N * C);
-    logits = take<T>(a, N * V);
-    loss = take<T>(a, 1);
+    logits = take<T>(a, R * V);
+    loss = take<T>(a, chunk ? 2 : 1);  // (+ one chunk's mean)
   }
 
   // norm, head: the offsets of the final norm's weight and of lm_head's in P. Returns the mean
@@ -64,9 +89,21 @@ struct LmHead {
   double forward(const T* P, size_t norm, size_t head, const int32_t* labels, int N, int C, int V, double eps) {
     if (layer_norm) Ops::layernorm_forward(xf, mu, rstd, hout, P + norm, N, C, 1, eps, 1.0);
     else Ops::rmsnorm_forward(xf, rstd, hout, P + norm, N, C, eps);
-    Ops::linear_forward(logits, xf, P + head, static_cast<const T*>(nullptr), N, C, V);
-    if (!labels) return 0.0;
-    return Ops::cross_entropy_loss(loss, logits, labels, N, V);
+    if (!chunk || !labels) {
+      Ops::linear_forward(logits, xf, P + head, static_cast<const T*>(nullptr), N, C, V);
+      if (!labels) return 0.0;
+      return Ops::cross_entropy_loss(loss, logits, labels, N, V);
+    }
+    Ops::zero(loss, 1);
+    double total = 0;
+    for (int r0 = 0; r0 < N; r0 += int(chunk)) {
+      const int n = std::min(int(chunk), N - r0);
+      Ops::linear_forward(logits, xf + size_t(r0) * C, P + head, static_cast<const T*>(nullptr), n, C, V);
+      const double share = double(n) / double(N);
+      total += share * Ops::cross_entropy_loss(loss + 1, logits, labels + r0, n, V);
+      Ops::add_scaled(loss, loss + 1, T(share), size_t(1));
+    }
+    return total;
   }
 
   // The backward of the last forward (which had labels): dlogits, lm_head's gradients (input
@@ -76,11 +113,20 @@ struct LmHead {
   // without side_dW).
   int backward(const T* P, T* G, size_t norm, size_t head, const int32_t* labels, T* dlogits, T* dx, T* dh, int N,
                 int C, int V, bool side_dW) {
-    Ops::cross_entropy_backward(dlogits, logits, labels, N, V, dloss);
+    if (!chunk) Ops::cross_entropy_backward(dlogits, logits, labels, N, V, dloss);
     // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
     // false) rather than zeroed and accumulated into: the same result, without the memset.
     int ticket = -1;
-    if (side_dW) {
+    if (chunk) {  // the logits again, a chunk at a time (dlogits holds one chunk)
+      for (int r0 = 0; r0 < N; r0 += int(chunk)) {
+        const int n = std::min(int(chunk), N - r0);
+        const T* x = xf + size_t(r0) * C;
+        Ops::linear_forward(logits, x, P + head, static_cast<const T*>(nullptr), n, C, V);
+        Ops::cross_entropy_backward(dlogits, logits, labels + r0, n, V, dloss * double(n) / double(N));
+        Ops::linear_backward(dx + size_t(r0) * C, G + head, static_cast<T*>(nullptr), dlogits, x, P + head, n, C, V,
+                             false);
+      }
+    } else if (side_dW) {
       Ops::linear_backward(dx, nullptr, nullptr, dlogits, xf, P + head, N, C, V, false);
       ticket = Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, xf, nullptr, N, C, V); });
     } else {
@@ -161,6 +207,11 @@ class CoreFrame {
   const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
   // The backward differentiates w * (mean loss): w = 1 / A for each of A accumulated micro-batches.
   void set_loss_weight(double w) { head_.dloss = w; }
+  // Every label of a training batch counts (language modelling): the head may take the loss in
+  // chunks of rows (LmHead) when the logits would be large.
+  void set_dense_labels(bool d) { head_.dense = d; }
+  // Rows of dlogits a training step on N positions needs (the cores' carve_grads).
+  size_t logit_rows(size_t N, size_t V) const { return head_.rows(N, V, true); }
   double loss_weight() const { return head_.dloss; }
   // Changes whenever an arena moved (pointers captured before, e.g. in a CUDA graph, are stale).
   int generation() const { return arena_.generation() + grad_arena_.generation(); }
@@ -251,6 +302,7 @@ class CoreModel : public Model<T> {
     }
   }
   const T* logits() const override { return core_.logits(); }
+  void set_dense_labels(bool d) override { core_.set_dense_labels(d); }
   size_t activation_bytes(int B, int T_, bool train) override { return core_.planned_bytes(B, T_, train); }
   const Layout& net() const { return net_; }
 

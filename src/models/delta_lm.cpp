@@ -149,7 +149,7 @@ void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
     l.wdh = l.wguh ? l.wguh + 2 * I * C : nullptr;
     l.ckpt = train ? get(ops::delta_rule_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
-  head_.carve(a, N, C, V, /*layer_norm=*/false);
+  head_.carve(a, N, C, V, /*layer_norm=*/false, train);
 }
 
 template <class T, class Ops>
@@ -164,7 +164,7 @@ void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   g_.dh = get(NC); g_.dx = get(NC); g_.d1 = get(NV); g_.d2 = get(NV);
   g_.dproj = get(N * c.W); g_.dqkvc = get(N * c.Wc()); g_.dqkn = get(N * c.Wqk());
   g_.dlg = get(s.use_forget_gate ? N * s.num_heads : 0);
-  g_.dgu = get((1 - mx) * N * 2 * I); g_.dact = get((1 - mx) * N * I); g_.dlogits = get(N * s.vocab_size);
+  g_.dgu = get((1 - mx) * N * 2 * I); g_.dact = get((1 - mx) * N * I); g_.dlogits = get(this->logit_rows(N, s.vocab_size) * s.vocab_size);
   g_.dhh = get_as(bf16{}, mx * NC); g_.dguh = get_as(bf16{}, mx * N * 2 * I); g_.dacth = get_as(bf16{}, mx * N * I);
 }
 

@@ -18,6 +18,7 @@ class DeviceModel {
   // Accumulates the last forward's gradients into `grads` (of loss_weight times its mean loss).
   virtual void backward() = 0;
   virtual void set_loss_weight(double w) = 0;  // 1 by default; 1 / A with A accumulated micro-batches
+  virtual void set_dense_labels(bool d) = 0;   // Model::set_dense_labels
   // Inference (no labels, no saved state), on its own activations: it does not disturb the
   // training buffers (or the CUDA graphs captured over them).
   virtual void infer(const int32_t* tokens, int B, int T_) = 0;

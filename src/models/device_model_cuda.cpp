@@ -26,6 +26,7 @@ class CoreDevice final : public DeviceModel {
   }
   void backward() override { train_.backward(params.data(), grads.data()); }
   void set_loss_weight(double w) override { train_.set_loss_weight(w); }
+  void set_dense_labels(bool d) override { train_.set_dense_labels(d); }
   void infer(const int32_t* tokens, int B, int T_) override { infer_.forward(params.data(), tokens, nullptr, B, T_); }
   const float* logits() const override { return train_.logits(); }
   const float* infer_logits() const override { return infer_.logits(); }

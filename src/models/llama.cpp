@@ -84,7 +84,7 @@ ops::AttentionDims attn_dims(const LlamaConfig& c, int B, int T_) {
 
 template <class T, class Ops>
 template <class Alloc>
-void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool /*train: every activation is kept*/) {
+void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {  // (every activation is kept either way)
   const LlamaConfig& cfg = net_.cfg;
   const size_t N = size_t(B) * T_, C = cfg.hidden_size, H = cfg.num_attention_heads, I = cfg.mlp_size();
   const size_t V = cfg.vocab_size;
@@ -96,7 +96,7 @@ void LlamaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool /*train: every activ
     l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get(N * C);
     l.gu = get(N * 2 * I); l.act = get(N * I);
   }
-  head_.carve(a, N, C, V, /*layer_norm=*/false);
+  head_.carve(a, N, C, V, /*layer_norm=*/false, train);
 }
 
 template <class T, class Ops>
@@ -106,7 +106,7 @@ void LlamaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const size_t N = size_t(B) * T_, NC = N * cfg.hidden_size, I = cfg.mlp_size();
   auto get = [&](size_t n) { return take<T>(a, n); };
   g_.dh = get(NC); g_.dx = get(NC); g_.datt = get(NC); g_.dqkv = get(NC * 3); g_.dqk = get(NC * 2);
-  g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(N * cfg.vocab_size);
+  g_.dgu = get(N * 2 * I); g_.dact = get(N * I); g_.dlogits = get(this->logit_rows(N, cfg.vocab_size) * cfg.vocab_size);
 }
 
 template <class T, class Ops>

@@ -112,7 +112,7 @@ void MambaCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
     l.xz = get(N * 2 * Di); l.xc = get(N * Di); l.dbc = get(N * W); l.dtr = get(N * Di); l.y = get(N * Di);
     l.ckpt = train ? get(ops::selective_scan_ckpt_size(net_.dims(B, T_))) : nullptr;
   }
-  head_.carve(a, N, C, V, /*layer_norm=*/false);
+  head_.carve(a, N, C, V, /*layer_norm=*/false, train);
 }
 
 template <class T, class Ops>
@@ -123,7 +123,7 @@ void MambaCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const size_t W = cfg.dt_rank() + 2 * size_t(cfg.state_size);
   auto get = [&](size_t n) { return take<T>(a, n); };
   g_.dh = get(NC); g_.dx1 = get(NC); g_.dy = get(ND); g_.dxz = get(2 * ND); g_.dxc = get(ND);
-  g_.ddbc = get(N * W); g_.ddtr = get(ND); g_.dlogits = get(N * cfg.vocab_size);
+  g_.ddbc = get(N * W); g_.ddtr = get(ND); g_.dlogits = get(this->logit_rows(N, cfg.vocab_size) * cfg.vocab_size);
 }
 
 template <class T, class Ops>

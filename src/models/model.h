@@ -39,7 +39,11 @@ class Model {
   virtual double forward(const int32_t* tokens, const int32_t* labels, int B, int T_) = 0;
   // Accumulates d(loss)/d(params) into `grads` for the last forward (which must have had labels).
   virtual void backward() = 0;
-  virtual const T* logits() const = 0;  // [B,T,V] of the last forward
+  virtual const T* logits() const = 0;  // [B,T,V] of the last forward (see set_dense_labels)
+  // Every label of a training batch counts (language modelling): a model may then take the loss of
+  // a large vocabulary in chunks of rows, never holding all B·T·V logits (logits() after a
+  // training forward is then not the whole batch's; forwards without labels are unaffected).
+  virtual void set_dense_labels(bool) {}
   // Bytes of activations (and, with train, of activation gradients) a forward on a [B,T] batch
   // allocates, computed without allocating; for the memory check before a run. Call it between
   // steps only (it may reset the model's buffer pointers).

@@ -216,7 +216,7 @@ void XLSTMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
       l.mu3 = get(N); l.r3 = get(N); l.x2 = get(N * d); l.gu = get(N * 2 * U); l.act = get(N * U);
     }
   }
-  head_.carve(a, N, d, V, /*layer_norm=*/true);
+  head_.carve(a, N, d, V, /*layer_norm=*/true, train);
 }
 
 template <class T, class Ops>
@@ -226,7 +226,7 @@ void XLSTMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   const size_t Nn = size_t(B) * T_, d = cfg.embedding_dim, V = cfg.vocab_size, NH = cfg.num_heads;
   auto get = [&](size_t n) { return take<T>(a, n); };
   g_ = Grads{};
-  g_.dh = get(Nn * d); g_.dx = get(Nn * d); g_.dlogits = get(Nn * V);
+  g_.dh = get(Nn * d); g_.dx = get(Nn * d); g_.dlogits = get(this->logit_rows(Nn, V) * V);
   if (cfg.is_mlstm()) {
     const size_t I = cfg.inner_dim();
     g_.dup = get(Nn * 2 * I); g_.dxc = get(Nn * I); g_.dqkv = get(Nn * 3 * I); g_.dgl = get(Nn * 2 * NH);

@@ -84,10 +84,18 @@ CompletionService::CompletionService(Model<float>& model, data::Tokenizer tok, S
 int32_t CompletionService::document_start() const { return tok_.bos_id() >= 0 ? tok_.bos_id() : tok_.eos_id(); }
 
 std::string CompletionService::token_text(int32_t id) const {
-  std::string p = tok_.piece(id);
-  const std::string mark = "\xE2\x96\x81";  // U+2581
-  for (size_t at = p.find(mark); at != std::string::npos; at = p.find(mark, at + 1)) p.replace(at, mark.size(), " ");
-  return p;
+  const std::string p = tok_.piece(id);
+  std::string out;
+  out.reserve(p.size());
+  for (size_t i = 0; i < p.size();) {
+    if (p.compare(i, 3, "\xE2\x96\x81") == 0) {  // U+2581, SentencePiece's word boundary
+      out += ' ';
+      i += 3;
+    } else {
+      out += p[i++];
+    }
+  }
+  return out;
 }
 
 std::vector<int32_t> CompletionService::encode(const std::string& text) const {

@@ -23,6 +23,9 @@ class DataParallel {
   const std::vector<float>& forward_logits(const Batch& b);
   // After changing main().params (optimizer step, checkpoint load): copy them to the replicas.
   void sync_params();
+  void set_dense_labels(bool d) {  // Model::set_dense_labels on every replica
+    for (auto& r : replicas_) r->set_dense_labels(d);
+  }
 
  private:
   std::vector<std::unique_ptr<Model<float>>> replicas_;

@@ -55,6 +55,7 @@ class CudaEngine final : public Engine {
       LRNN_USER_ERROR("{}: training.device: cuda, but no CUDA device is available here (use --device cpu or training.device: cpu)", cfg.source);
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
     model_type_ = cfg.model["model_type"].as<std::string>();
+    dense_labels_ = cfg.task.name == "lm";
     use_graphs_ = !env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
     const std::string& p = tc_.precision;
     cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") || p == "fp32" ? cuda::GemmPrecision::FP32
@@ -71,6 +72,7 @@ class CudaEngine final : public Engine {
 
   void start(const TrainState& st) override {
     dev_ = to_device(*host_, model_type_);  // uploads the (fresh or resumed) parameters
+    dev_->set_dense_labels(dense_labels_);  // language modelling: the head may chunk its logits
     const size_t P = host_->params.size();
     LRNN_CHECK(st.m.size() == P && st.v.size() == P, "optimizer state has {} / {} entries for {} parameters",
                st.m.size(), st.v.size(), P);
@@ -227,6 +229,7 @@ class CudaEngine final : public Engine {
   const TrainingConfig tc_;  // a copy: the engine may outlive the caller's config object
   std::unique_ptr<Model<float>> host_;
   std::string model_type_;
+  bool dense_labels_ = false;
   std::unique_ptr<DeviceModel> dev_;
   cuda::Buffer<float> m_, v_, lr_table_, loss_acc_;
   cuda::Buffer<uint8_t> decay_;

@@ -256,6 +256,7 @@ class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(const ExperimentConfig& cfg)
       : tc_(cfg.training), dp_(cfg.model, cfg.source, uint64_t(cfg.training.seed), cfg.training.num_threads) {
+    dp_.set_dense_labels(cfg.task.name == "lm");  // every next token is a label: the head may chunk
     check_run_memory(cfg);
     const size_t P = dp_.main().params.size();
     decay_.assign(P, 0);
