@@ -177,7 +177,6 @@ class CudaEngine final : public Engine {
       dev_->grads.zero();
     }
     const int A = tc_.gradient_accumulation_steps, rows = B / A;
-    const float* loss = dev_->loss();
     if (A > 1) {
       dev_->set_loss_weight(1.0 / A);
       ops::cuda::zero(loss_acc_.data(), 1);
@@ -188,7 +187,8 @@ class CudaEngine final : public Engine {
       if (A > 1) ops::cuda::add_scaled(loss_acc_.data(), dev_->loss(), 1.0f / float(A), 1);
       dev_->backward();
     }
-    if (A > 1) loss = loss_acc_.data();
+    // (The model's loss buffer exists once a forward has carved its arena: asked for after it.)
+    const float* loss = A > 1 ? loss_acc_.data() : dev_->loss();
     cuda::OpTimer t("optimizer (norm, clip, adamw)");
     ops::cuda::optimizer_prepare(stats_.data(), loss, dev_->grads.data(), P, lr_table_.data(),
                                  int64_t(lr_table_.size()), tc_.grad_clip);
