@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: build with CUDA for sm_90, run every CUDA test, the GPU benchmark
 # and a timed parity run (DeltaNet [-1,1], P1 model, until scaled accuracy >= 0.99 on 40-256),
-# then print a short table. Logs and the table go to $OUT (default gpu-check-out/).
+# then print a short table. The table (summary.md, written as each check ends, so a run cut short
+# keeps what it finished) goes to $OUT (default gpu-check-out/), the logs to $LOGS (default $OUT;
+# a device call brings back only a few files: keep them apart and tar them).
 # SECTIONS picks what runs (default "tests bench parity"; add lm-train, lm-speed, lm-gen for the
 # language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
 # side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests (a gtest filter, default all).
@@ -21,6 +23,7 @@ ROOT=$PWD
 MODE=${1:-build}
 PACK=${2:-}
 OUT=${OUT:-$ROOT/gpu-check-out}
+LOGS=${LOGS:-$OUT}
 BUILD=build-gpu
 
 build() {
@@ -55,7 +58,7 @@ pack() {
 
 run_checks() {
   local bin=$1
-  mkdir -p "$OUT"
+  mkdir -p "$OUT" "$LOGS"
   local sum="$OUT/summary.md"
   {
     echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -69,25 +72,25 @@ run_checks() {
   if want tests; then
   echo "== CUDA tests"
   local rc=0
-  timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/cuda_tests.log" || rc=$?
+  timeout "${TEST_TIMEOUT:-400}" "$bin/tests/cuda_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$LOGS/cuda_tests.log" || rc=$?
   local passed failed skipped
-  passed=$(grep -c '^\[       OK \]' "$OUT/cuda_tests.log" || true)
-  failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.log" || true)
-  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$OUT/cuda_tests.log" || true)
+  passed=$(grep -c '^\[       OK \]' "$LOGS/cuda_tests.log" || true)
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$LOGS/cuda_tests.log" || true)
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$LOGS/cuda_tests.log" || true)
   {
     echo "## CUDA tests: $passed passed, $failed failed, $skipped skipped (exit $rc)"
-    grep '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.log" | sort -u | sed 's/^/    /' || true
-    grep -E '^seed [0-9]+:' "$OUT/cuda_tests.log" | sed 's/^/    parity test: /' || true
+    grep '^\[  FAILED  \] [A-Za-z]' "$LOGS/cuda_tests.log" | sort -u | sed 's/^/    /' || true
+    grep -E '^seed [0-9]+:' "$LOGS/cuda_tests.log" | sed 's/^/    parity test: /' || true
     echo
   } >>"$sum"
   fi
 
   if want bench; then
   echo "== benchmark"
-  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 300 2>&1 | tee "$OUT/bench.md" || true
-  { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$OUT/bench.md" || true; echo; } >>"$sum"
-  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 100 --profile 0 2>&1 | tee "$OUT/profile.md" || true
-  timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$OUT/gemm.md" || true
+  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 300 2>&1 | tee "$LOGS/bench.md" || true
+  { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$LOGS/bench.md" || true; echo; } >>"$sum"
+  timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 100 --profile 0 2>&1 | tee "$LOGS/profile.md" || true
+  timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$LOGS/gemm.md" || true
   fi
 
   if want parity; then
@@ -99,14 +102,14 @@ run_checks() {
   t0=$(date +%s.%N)
   timeout "${PARITY_TIMEOUT:-300}" "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --device cuda --force --out "$run" \
     --set training.stop_at=0.99 --set training.val_every=250 --set training.checkpoint_every=0 \
-    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET-$FAST_PARITY} 2>&1 | tee "$OUT/parity.log" || true
+    --set task.eval_samples=2048 --set logging.progress=lines ${PARITY_SET-$FAST_PARITY} 2>&1 | tee "$LOGS/parity.log" || true
   t1=$(date +%s.%N)
   {
     echo "## Parity, DeltaNet [-1,1] P1 model (configs/chomsky/parity_delta_net_2.yaml ${PARITY_SET-$FAST_PARITY}, stop_at 0.99, val_every 250)"
     echo
     echo "    wall time $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}') s (process start to exit, evaluations included)"
-    grep -E '^done|stopping early' "$OUT/parity.log" | sed 's/^/    /' || true
-    tail -n 1 "$OUT/parity.log" | sed 's/^/    /'
+    grep -E '^done|stopping early' "$LOGS/parity.log" | sed 's/^/    /' || true
+    tail -n 1 "$LOGS/parity.log" | sed 's/^/    /'
   } >>"$sum"
   fi
   lm_checks "$bin"
@@ -133,13 +136,13 @@ YAML
     for dev in cpu cuda; do
       timeout 300 "$bin/lrnn" train --config "$lm_cfg" --device "$dev" --force --out "$runs/same_$dev" \
         --set training.num_steps=100 --set training.batch_size=16 --set task.context=256 --set training.val_every=50 \
-        --set logging.log_every=10 >"$OUT/lm_same_$dev.log" 2>&1 || true
+        --set logging.log_every=10 >"$LOGS/lm_same_$dev.log" 2>&1 || true
     done
     local steps=${LM_STEPS:-3000}
     for neg in false true; do
       timeout 300 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/long_neg_$neg" \
         --set training.num_steps="$steps" --set training.val_every=500 --set model.allow_neg_eigval=$neg \
-        >"$OUT/lm_long_$neg.log" 2>&1 || true
+        >"$LOGS/lm_long_$neg.log" 2>&1 || true
     done
     python3 - "$runs" "$steps" >>"$sum" <<'PY'
 import json, sys, os
@@ -185,11 +188,11 @@ task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_ba
 logging: {log_every: 5, progress: none}
 YAML
       timeout 300 "$bin/lrnn" train --device cuda --force --out "$runs/speed_$mt$L" --config "$runs/speed.yaml" $extra \
-        >"$OUT/speed_${mt}_$L.log" 2>&1 || true
+        >"$LOGS/speed_${mt}_$L.log" 2>&1 || true
       local ours theirs
       ours=$(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/speed_$mt$L/metrics.jsonl" 2>/dev/null || echo "failed")
       theirs=$(timeout 300 python3 bench/lm_fla.py train --model "$mt" --layers "$L" --hidden "$d" --heads "$H" --batch "$B" \
-        --steps 10 --warmup 3 2>"$OUT/fla_${mt}_$L.err" | tail -n 1 | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
+        --steps 10 --warmup 3 2>"$LOGS/fla_${mt}_$L.err" | tail -n 1 | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
       local ratio
       ratio=$(python3 -c "print(f'{$ours/$theirs:.2f}')" 2>/dev/null || echo "-")
       echo "| $mt | $L | $d | $H | $B | $ours | $theirs | $ratio |" >>"$sum"
@@ -201,19 +204,19 @@ YAML
     # A DeltaNet of hidden 512, 8 layers, 8 heads on the Shakespeare tokenizer (50 steps: weights
     # that are not random); lrnn on the host's CPU cores, fla on the GPU.
     timeout 200 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/gen" --set training.num_steps=50 \
-      --set model.hidden_size=512 --set model.num_hidden_layers=8 --set model.num_heads=8 >"$OUT/gen_train.log" 2>&1 || true
+      --set model.hidden_size=512 --set model.num_hidden_layers=8 --set model.num_heads=8 >"$LOGS/gen_train.log" 2>&1 || true
     echo "## Generation (greedy, EOS ignored): lrnn on the CPU ($(nproc) cores) vs fla generate on the GPU, DeltaNet hidden 512, 8 layers, 8 heads, V 1000" >>"$sum"
     echo >>"$sum"
     echo "| tokens | lrnn tokens/s | lrnn peak RSS MiB | lrnn state KiB | fla tokens/s | fla peak GPU MiB |" >>"$sum"
     echo "|---|---|---|---|---|---|" >>"$sum"
     for n in ${GEN_TOKENS:-1024 8192 32768}; do
       local ours theirs
-      ours=$(timeout 300 "$bin/lrnn" generate --run "$runs/gen" --prompt "ROMEO:" --max-tokens "$n" --temperature 0 --ignore-eos --json 2>>"$OUT/gen.err" |
+      ours=$(timeout 300 "$bin/lrnn" generate --run "$runs/gen" --prompt "ROMEO:" --max-tokens "$n" --temperature 0 --ignore-eos --json 2>>"$LOGS/gen.err" |
         python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{len(j['tokens'])/j['seconds']:.0f} | {j['peak_rss_bytes']/2**20:.0f} | {j['state_bytes']/1024:.0f}\")" 2>/dev/null || echo "failed | | ")
       theirs="not run | "
       if [[ $n -le ${FLA_GEN_MAX:-8192} ]]; then
         theirs=$(timeout 300 python3 bench/lm_fla.py generate --model delta_net --hidden 512 --layers 8 --heads 8 --vocab 1000 \
-          --tokens "$n" 2>>"$OUT/fla_gen.err" | tail -n 1 | python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{j['tokens_per_s']:.0f} | {j['peak_gpu_gib']*1024:.0f}\")" 2>/dev/null || echo "failed | ")
+          --tokens "$n" 2>>"$LOGS/fla_gen.err" | tail -n 1 | python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{j['tokens_per_s']:.0f} | {j['peak_gpu_gib']*1024:.0f}\")" 2>/dev/null || echo "failed | ")
       fi
       echo "| $n | $ours | $theirs |" >>"$sum"
     done

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The command of one device call (the GPU machine of this workplace's device tool; see
+# scripts/gpu-check.sh): installs the peer's wheels carried in .whl/ (flash-linear-attention and
+# fla-core; .whl/hf/ holds transformers, huggingface_hub and tokenizers for images whose
+# transformers is older than fla needs), then runs gpu-check from the pack in .gpu/ with the checks
+# named in SECTIONS. summary.md and lm_runs.tar.gz go to $OUT as each check ends (a call cut short
+# keeps what finished); the logs are tarred into $OUT/logs.tgz at the end.
+#   carry: .gpu (scripts/gpu-check.sh --pack .gpu), .whl, data (scripts/demo_lm.sh)
+#   SECTIONS="tests lm-train lm-speed lm-gen" TEST_FILTER=... CHECK_TIMEOUT=450 bash scripts/gpu-run.sh
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+: "${OUT:=$PWD/gpu-check-out}"
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  if ! python3 -c "import transformers as t, sys; v=tuple(int(x) for x in t.__version__.split('.')[:2]); sys.exit(0 if v >= (5, 6) else 1)"; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/hf/*.whl
+  fi
+  export PYTHONPATH=/tmp/site
+fi
+python3 -c "import torch, triton, fla, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+LOGS=/tmp/gpu-check-logs
+mkdir -p "$LOGS"
+OUT="$OUT" LOGS="$LOGS" SECTIONS="${SECTIONS:-tests lm-train lm-speed lm-gen}" \
+  TEST_FILTER="${TEST_FILTER:-*}" TEST_TIMEOUT="${TEST_TIMEOUT:-400}" LM_STEPS="${LM_STEPS:-2000}" \
+  LM_SHAPES="${LM_SHAPES:-delta_net:24:1024:8:8 delta_net:4:1024:8:8}" \
+  GEN_TOKENS="${GEN_TOKENS:-1024 8192 32768}" FLA_GEN_MAX="${FLA_GEN_MAX:-1024}" \
+  timeout "${CHECK_TIMEOUT:-540}" bash scripts/gpu-check.sh --prebuilt .gpu
+rc=$?
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+exit $rc
