@@ -940,24 +940,25 @@ def make_plots(paths, out_dir=None, all_lrs=False, spread="both"):
     out_dir = out_dir or paths[0]
     os.makedirs(out_dir, exist_ok=True)
     written = []
+
+    def optional(name, plot_fn, groups, info, sub, missing):
+        png = os.path.join(out_dir, f"{info.slug}_{name}.png")
+        summary = plot_fn(groups, info, sub, png, spread)
+        if summary:
+            written.append((png, summary))
+        else:
+            print(f"{info.title}: {missing}")
+
     for info, groups in split_by_task(group_runs(runs)):
         sub = describe_sources(paths, [r for g in groups for r in g.runs])
         png = os.path.join(out_dir, f"{info.slug}_training.png")
         written.append((png, plot_training(groups, info, sub, png, spread)))
         if info.key[0] == "lm":
-            png = os.path.join(out_dir, f"{info.slug}_loss_by_position.png")
-            summary = plot_lm_positions(groups, info, sub, png, spread)
-            if summary:
-                written.append((png, summary))
-            else:
-                print(f"{info.title}: no evaluation with a loss by position yet; no by-position plot")
+            optional("loss_by_position", plot_lm_positions, groups, info, sub,
+                     "no evaluation with a loss by position yet; no by-position plot")
         if info.metric:
-            png = os.path.join(out_dir, f"{info.slug}_{info.metric_slug}_by_length.png")
-            summary = plot_by_length(groups, info, sub, png, spread)
-            if summary:
-                written.append((png, summary))
-            else:
-                print(f"{info.title}: no finished run (eval.json) yet; no by-length plot")
+            optional(f"{info.metric_slug}_by_length", plot_by_length, groups, info, sub,
+                     "no finished run (eval.json) yet; no by-length plot")
     return written
 
 
