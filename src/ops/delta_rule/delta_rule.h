@@ -63,4 +63,29 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
                          const T* k, const T* v, const T* beta_logit, const T* g,
                          const DeltaRuleDims& d, const T* ckpt = nullptr, bool accumulate = true);
 
+// Two algorithms behind the two functions above (CPU), chosen by shape (delta_rule_chunked_pays):
+// the recurrent loop (the reference: a token at a time, matrix-vector products) and the chunked
+// WY form (delta_rule_chunked_cpu.cpp: chunks of about kDeltaChunkedEvents sub-steps, as matrix
+// products and triangular solves on OpenBLAS). Both have the contract above (the chunked backward adds to
+// its gradients); a forward's checkpoints are for the backward of the same algorithm (the chunked
+// one keeps the state at the start of each of its chunks in the same buffer).
+constexpr int kDeltaChunkedEvents = 64;
+int delta_rule_chunk_tokens(int n_h);  // tokens per chunk: a multiple of kDeltaChunk
+bool delta_rule_chunked_pays(const DeltaRuleDims& d, bool gated);  // gated: g != null
+template <class T>
+void delta_rule_forward_chunked(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
+                                const DeltaRuleDims& d, T* ckpt = nullptr, T* state = nullptr);
+template <class T>
+void delta_rule_backward_chunked(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
+                                 const T* k, const T* v, const T* beta_logit, const T* g,
+                                 const DeltaRuleDims& d, const T* ckpt = nullptr);
+// The recurrent loop alone (tests and benchmarks compare the two).
+template <class T>
+void delta_rule_forward_recurrent(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
+                                  const DeltaRuleDims& d, T* ckpt = nullptr, T* state = nullptr);
+template <class T>
+void delta_rule_backward_recurrent(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
+                                   const T* k, const T* v, const T* beta_logit, const T* g,
+                                   const DeltaRuleDims& d, const T* ckpt = nullptr);
+
 }  // namespace lrnn::ops

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 #include "core/check.h"
+#include "ops/delta_rule/delta_rule_seq.h"
 
 namespace lrnn::ops {
 
@@ -11,37 +12,8 @@ double DeltaRuleDims::out_scale() const { return scale != 0 ? scale : 1.0 / std:
 
 namespace {
 
-// Strided views of one (b, h) sequence.
-// Element offsets of sequence b, head h in each operand (shared by the inputs and their grads).
-struct Offsets {
-  size_t q, k, v, b, g;
-  Offsets(const DeltaRuleDims& d, int b_, int h) {
-    const size_t tok = size_t(b_) * d.T;
-    q = tok * d.lq() + size_t(h) * d.Dk;
-    k = tok * d.lk() + size_t(h) * d.Dk;
-    v = tok * d.lv() + size_t(h) * d.Dv;
-    b = tok * d.lb() + h;
-    g = tok * d.H + h;
-  }
-};
-
-template <class T>
-struct Seq {
-  const T *q, *k, *v, *bl, *g;
-  size_t lq, lk, lv, lb;   // token strides
-  int H, Dk, Dv;
-  Seq(const DeltaRuleDims& d, const Offsets& o, const T* q_, const T* k_, const T* v_, const T* b_, const T* g_)
-      : q(q_ + o.q), k(k_ + o.k), v(v_ + o.v), bl(b_ + o.b), g(g_ ? g_ + o.g : nullptr),
-        lq(d.lq()), lk(d.lk()), lv(d.lv()), lb(d.lb()), H(d.H), Dk(d.Dk), Dv(d.Dv) {}
-  const T* qt(int t) const { return q + t * lq; }
-  const T* kt(int t, int j) const { return k + t * lk + size_t(j) * H * Dk; }
-  const T* vt(int t, int j) const { return v + t * lv + size_t(j) * H * Dv; }
-  T blt(int t, int j) const { return bl[t * lb + size_t(j) * H]; }
-  T gt(int t) const { return g[size_t(t) * H]; }
-  size_t kidx(int t, int j) const { return t * lk + size_t(j) * H * Dk; }   // for dk
-  size_t vidx(int t, int j) const { return t * lv + size_t(j) * H * Dv; }   // for dv
-  size_t bidx(int t, int j) const { return t * lb + size_t(j) * H; }        // for dbeta
-};
+using detail::Offsets;
+using detail::Seq;
 
 template <class T>
 inline T beta_of(T logit, T s) { return s * sigmoid(logit); }
@@ -273,10 +245,17 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
   return FN<T, 0, 0>(__VA_ARGS__);
 
 template <class T>
-void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
-                        const DeltaRuleDims& d, T* ckpt, T* state) {
+void delta_rule_forward_recurrent(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
+                                  const DeltaRuleDims& d, T* ckpt, T* state) {
   LRNN_CHECK(!(ckpt && state), "delta_rule_forward: a carried state is for inference (no checkpoints)");
   LRNN_DELTA_DISPATCH(forward_impl, o, q, k, v, beta_logit, g, d, ckpt, state)
+}
+
+template <class T>
+void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
+                        const DeltaRuleDims& d, T* ckpt, T* state) {
+  if (delta_rule_chunked_pays(d, g != nullptr)) delta_rule_forward_chunked(o, q, k, v, beta_logit, g, d, ckpt, state);
+  else delta_rule_forward_recurrent(o, q, k, v, beta_logit, g, d, ckpt, state);
 }
 
 // Zeroes rows x cols of a token-strided gradient.
@@ -298,12 +277,25 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
     zero_rows(dbeta_logit, N, n * H, d.lb());
     if (g) zero_rows(dg, N, H, H);
   }
+  if (delta_rule_chunked_pays(d, g != nullptr)) delta_rule_backward_chunked(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved);
+  else delta_rule_backward_recurrent(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved);
+}
+
+template <class T>
+void delta_rule_backward_recurrent(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
+                                   const T* k, const T* v, const T* beta_logit, const T* g,
+                                   const DeltaRuleDims& d, const T* saved) {
   LRNN_DELTA_DISPATCH(backward_impl, dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved)
 }
 
 #define INST(T)                                                                              \
   template void delta_rule_forward<T>(T*, const T*, const T*, const T*, const T*, const T*,  \
                                       const DeltaRuleDims&, T*, T*);                         \
+  template void delta_rule_forward_recurrent<T>(T*, const T*, const T*, const T*, const T*,  \
+                                                const T*, const DeltaRuleDims&, T*, T*);     \
+  template void delta_rule_backward_recurrent<T>(T*, T*, T*, T*, T*, const T*, const T*,     \
+                                                 const T*, const T*, const T*, const T*,     \
+                                                 const DeltaRuleDims&, const T*);            \
   template void delta_rule_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, const T*, const DeltaRuleDims&,   \
                                        const T*, bool);

@@ -17,6 +17,11 @@ template <class T>
 void gemm(bool transA, bool transB, int M, int N, int K, T alpha, const T* A, int lda,
           const T* B, int ldb, T beta, T* C, int ldc);
 
+// Row-major B[M,N] <- op(L)^-1 B for a unit lower-triangular L[M,M] (only its strict lower part is
+// read), op = transpose when `trans`: a triangular solve, never an inverse.
+template <class T>
+void trsm_unit_lower(bool trans, int M, int N, const T* L, int ldl, T* B, int ldb);
+
 template <class T>
 void linear_forward(T* out, const T* inp, const T* W, const T* bias, int N, int IC, int OC);
 template <class T>

@@ -23,6 +23,17 @@ void gemm<double>(bool tA, bool tB, int M, int N, int K, double alpha, const dou
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+template <>
+void trsm_unit_lower<float>(bool trans, int M, int N, const float* L, int ldl, float* B, int ldb) {
+  cblas_strsm(CblasRowMajor, CblasLeft, CblasLower, trans ? CblasTrans : CblasNoTrans, CblasUnit, M, N, 1.f, L, ldl,
+              B, ldb);
+}
+template <>
+void trsm_unit_lower<double>(bool trans, int M, int N, const double* L, int ldl, double* B, int ldb) {
+  cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, trans ? CblasTrans : CblasNoTrans, CblasUnit, M, N, 1.0, L, ldl,
+              B, ldb);
+}
+
 template <class T>
 void linear_forward(T* out, const T* inp, const T* W, const T* bias, int N, int IC, int OC) {
   if (bias) {
