@@ -182,8 +182,12 @@ nlohmann::json evaluate_lm(const TokenLossFn& losses, const LmTask& task, int ba
     curve[size_t(t)] = pos_n[size_t(t)] ? pos_sum[size_t(t)] / double(pos_n[size_t(t)]) : 0.0;
   }
   const double mean = n ? total / double(n) : 0.0;
+  // P2's length-extrapolation metric: the mean loss over positions 0..t, at every t.
+  std::vector<double> cumulative(curve.size());
+  double run = 0;
+  for (size_t t = 0; t < curve.size(); ++t) cumulative[t] = (run += curve[t]) / double(t + 1);
   return {{"metric", "val_loss"}, {"val_loss", mean}, {"perplexity", std::exp(mean)}, {"tokens", n},
-          {"windows", done}, {"context", T}, {"loss_by_position", curve}};
+          {"windows", done}, {"context", T}, {"loss_by_position", curve}, {"cumulative_loss", cumulative}};
 }
 
 }  // namespace lrnn

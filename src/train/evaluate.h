@@ -50,7 +50,8 @@ EvalResult evaluate(const LogitsFn& logits_of, int vocab, const Task& task, std:
 
 // Lm (tasks/lm.h): next-token cross-entropy over the validation split's windows, in order, up to
 // `max_tokens` predicted tokens (0: all windows). Returns {"metric": "val_loss", "val_loss" (nats
-// per token), "perplexity", "tokens", "windows", "context", "loss_by_position" (mean loss of the
+// per token), "perplexity", "tokens", "windows", "context", "cumulative_loss" (at each t, the mean
+// of loss_by_position over 0..t: P2's length-extrapolation curve), "loss_by_position" (mean loss of the
 // prediction at each position 0..context-1, the length-extrapolation curve)}. Sums in double.
 // `losses` fills loss[r*T + t] with the next-token cross-entropy at position t of row r < rows of
 // an evaluation batch [B,T] (rows <= B: the last batch may be partly used).

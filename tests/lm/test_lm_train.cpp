@@ -90,6 +90,9 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   EXPECT_LT(double(eval["val_loss"]), unigram - 0.4);
   EXPECT_LT(double(evals[1]["val_loss"]), double(evals[0]["val_loss"]));
   ASSERT_EQ(eval["loss_by_position"].size(), 64u);
+  ASSERT_EQ(eval["cumulative_loss"].size(), 64u);  // the running mean of the curve; at the end, val_loss
+  EXPECT_NEAR(double(eval["cumulative_loss"][63]), double(eval["val_loss"]), 1e-9);
+  EXPECT_DOUBLE_EQ(double(eval["cumulative_loss"][0]), double(eval["loss_by_position"][0]));
   // Later positions see more context: the mean over the second half is below the first position's.
   double late = 0;
   for (size_t t = 32; t < 64; ++t) late += double(eval["loss_by_position"][t]) / 32;
