@@ -6,7 +6,8 @@ same GPU, at the same shape, in the same run (scripts/gpu-check.sh runs both: SE
     python3 bench/lm_fla.py generate --model delta_net --hidden 512 --layers 8 --heads 8 \
         --vocab 32000 --tokens 1024
 
-train: milliseconds per optimizer step (bf16 autocast, fla's fused cross-entropy, fused AdamW
+train: milliseconds per optimizer step (under torchrun: PyTorch DDP over the GPUs, --batch rows per
+GPU, tokens per second of all GPUs together, printed by rank 0) (bf16 autocast, fla's fused cross-entropy, fused AdamW
 lr 3e-4 β2 0.95 wd 0.01, gradient clipping at 1.0), tokens per second and peak GPU memory, after
 warm-up steps. generate: greedy generation of exactly --tokens tokens after a 16-token prompt with
 fla's recurrent cache (Hugging Face generate), tokens per second and peak GPU memory. Random weights
@@ -37,10 +38,17 @@ def build(a):
 
 
 def train(a):
+    import os
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl")
     model = build(a)
     params = sum(p.numel() for p in model.parameters())
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.01, fused=True)
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(rank)
     x = torch.randint(0, a.vocab, (a.batch, a.context), device="cuda", generator=g)
     torch.cuda.reset_peak_memory_stats()
 
@@ -60,10 +68,14 @@ def train(a):
         step()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1e3 / a.steps
-    print(json.dumps({"impl": "fla", "what": "train", "model": a.model, "neg": a.neg, "hidden": a.hidden,
-                      "layers": a.layers, "heads": a.heads, "vocab": a.vocab, "context": a.context, "batch": a.batch,
-                      "params": params, "ms_per_step": ms, "tokens_per_s": a.batch * a.context / ms * 1e3,
-                      "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+    if rank == 0:
+        print(json.dumps({"impl": "fla", "what": "train", "model": a.model, "neg": a.neg, "hidden": a.hidden,
+                          "layers": a.layers, "heads": a.heads, "vocab": a.vocab, "context": a.context,
+                          "batch": a.batch * world, "gpus": world, "params": params, "ms_per_step": ms,
+                          "tokens_per_s": a.batch * world * a.context / ms * 1e3,
+                          "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
 @torch.no_grad()

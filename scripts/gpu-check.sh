@@ -4,7 +4,8 @@
 # then print a short table. The table (summary.md, written as each check ends, so a run cut short
 # keeps what it finished) goes to $OUT (default gpu-check-out/), the logs to $LOGS (default $OUT;
 # a device call brings back only a few files: keep them apart and tar them).
-# SECTIONS picks what runs (default "tests bench parity"; add lm-train, lm-speed, lm-gen for the
+# SECTIONS picks what runs (default "tests bench parity"; "dist" and "dist-speed" check data
+# parallelism on a machine with several GPUs; add lm-train, lm-speed, lm-gen for the
 # language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
 # side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests (a gtest filter, default all).
 #
@@ -113,8 +114,149 @@ run_checks() {
   } >>"$sum"
   fi
   lm_checks "$bin"
+  dist_checks "$bin"
   echo
   cat "$sum"
+}
+
+# Data parallelism over the machine's GPUs (SECTIONS dist, dist-speed): NCCL from PyTorch's wheel.
+dist_checks() {
+  local bin=$1 sum="$OUT/summary.md" runs=/tmp/lrnn-gpu-dist
+  want() { [[ " ${SECTIONS:-tests bench parity} " == *" $1 "* ]]; }
+  want dist || want dist-speed || return 0
+  mkdir -p "$runs"
+  local n
+  n=$(nvidia-smi -L | wc -l)
+  if [[ -z "${LRNN_NCCL_LIBRARY:-}" ]]; then
+    LRNN_NCCL_LIBRARY=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+    [[ -n "$LRNN_NCCL_LIBRARY" ]] || LRNN_NCCL_LIBRARY=$(find / -name libnccl.so.2 -not -path '*/proc/*' 2>/dev/null | head -n 1)
+    [[ -n "$LRNN_NCCL_LIBRARY" ]] && export LRNN_NCCL_LIBRARY
+  fi
+  echo "GPUs: $n; NCCL: ${LRNN_NCCL_LIBRARY:-(the loader's)}" >>"$sum"
+  export NCCL_NVLS_ENABLE=0
+  if want dist; then
+    echo "== data parallelism: 1, 2, 4 GPUs at one global batch"
+    # The LM of lm_checks, smaller: context 256, global batch 16, fp32 GEMMs (LRNN_CUDA_TF32=0) so
+    # that only the order of the reductions differs between GPU counts.
+    cat >"$runs/lm.yaml" <<YAML
+training: {num_steps: 40, batch_size: 16, lr: 2.0e-3, warmup_steps: 10, weight_decay: 0.01, val_every: 0,
+           checkpoint_every: 20, beta2: 0.95, grad_clip: 1.0}
+model: {model_type: delta_net, hidden_size: 256, num_hidden_layers: 4, num_heads: 4, allow_neg_eigval: true}
+task: {name: lm, data: data/shakespeare, context: 256, eval_batch_size: 16, eval_tokens: 32768}
+logging: {log_every: 5, progress: none}
+YAML
+    local k t0 t1
+    for k in 1 2 4; do
+      [[ $k -le $n ]] || continue
+      LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus "$k" --force --out "$runs/lm_g$k" \
+        >"$LOGS/dist_lm_g$k.log" 2>&1 || echo "lm on $k GPUs: exit $?" >>"$LOGS/dist_lm_g$k.log"
+    done
+    # Parity (sequences of unequal length: the ranks' label counts differ), 1 vs 2 GPUs.
+    for k in 1 2; do
+      [[ $k -le $n ]] || continue
+      LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --gpus "$k" --force \
+        --out "$runs/parity_g$k" --set training.num_steps=60 --set training.val_every=0 --set logging.log_every=5 \
+        --set task.eval_samples=512 --set training.checkpoint_every=0 --set logging.progress=none \
+        >"$LOGS/dist_parity_g$k.log" 2>&1 || true
+    done
+    # Save on 2 GPUs (all ranks killed right after the checkpoint at step 20), resume on 1 and on 4.
+    if [[ $n -ge 2 ]]; then
+      LRNN_FAULT_KILL_AFTER_STEP=20 LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 --force \
+        --out "$runs/lm_save2" >"$LOGS/dist_save2.log" 2>&1 || true
+      for k in 1 4; do
+        [[ $k -le $n ]] || continue
+        rm -rf "$runs/lm_resume$k" && cp -r "$runs/lm_save2" "$runs/lm_resume$k"
+        LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --resume "$runs/lm_resume$k" --gpus "$k" \
+          >"$LOGS/dist_resume$k.log" 2>&1 || true
+      done
+      # A rank killed (SIGKILL) at step 10 under the launcher: how long until the job is down.
+      t0=$(date +%s.%N)
+      LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 120 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
+        --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1
+      echo "exit $? after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s" >>"$LOGS/dist_kill.log"
+      # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
+      # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s).
+      local port=$((20000 + RANDOM % 20000)) p0 p1
+      for r in 0 1; do
+        RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20 \
+          timeout 120 "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
+          --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1 &
+        [[ $r == 0 ]] && p0=$! || p1=$!
+      done
+      for _ in $(seq 60); do
+        [[ -f "$runs/lm_kill_srun/metrics.jsonl" ]] && [[ $(wc -l <"$runs/lm_kill_srun/metrics.jsonl") -ge 2 ]] && break
+        sleep 1
+      done
+      kill -9 "$p1"
+      t0=$(date +%s.%N)
+      wait "$p0"
+      echo "rank 0: exit $? $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed" >>"$LOGS/dist_kill_srun0.log"
+    fi
+    python3 - "$runs" "$LOGS" >>"$sum" <<'PY'
+import json, os, sys
+runs, logs = sys.argv[1], sys.argv[2]
+def train(run):
+    p = os.path.join(runs, run, "metrics.jsonl")
+    return {j["step"]: j for j in map(json.loads, open(p)) if j["type"] == "train"} if os.path.exists(p) else {}
+def table(title, names):
+    rs = {n: train(r) for n, r in names}
+    print(f"## {title}\n")
+    print("| step | " + " | ".join(n for n, _ in names) + " | max rel. diff to the first |")
+    print("|---|" + "---|" * (len(names) + 1))
+    base = rs[names[0][0]]
+    for s in sorted(base):
+        row = [rs[n].get(s, {}).get("loss") for n, _ in names]
+        d = max((abs(x - row[0]) / abs(row[0]) for x in row[1:] if x is not None and row[0]), default=float("nan"))
+        print(f"| {s} | " + " | ".join("-" if x is None else f"{x:.6f}" for x in row) + f" | {d:.2e} |")
+    for n, r in names:
+        t = rs[n]
+        if t: print(f"\n{n}: {t[max(t)]['tokens_per_s']:.0f} tokens/s at the last log line")
+    print()
+table("Data parallelism: LM loss per step, 1 / 2 / 4 GPUs, global batch 16 x 256 (fp32 GEMMs)",
+      [("1 GPU", "lm_g1"), ("2 GPUs", "lm_g2"), ("4 GPUs", "lm_g4"), ("saved on 2 -> resumed on 1", "lm_resume1"),
+       ("saved on 2 -> resumed on 4", "lm_resume4")])
+table("Data parallelism: parity (unequal label counts), 1 vs 2 GPUs", [("1 GPU", "parity_g1"), ("2 GPUs", "parity_g2")])
+print("## A killed rank\n")
+for f, what in (("dist_kill.log", "--gpus 2, rank 1 SIGKILLed at step 10"),
+                ("dist_kill_srun0.log", "ranks started by hand (LRNN_DIST_TIMEOUT=20), rank 1 SIGKILLed")):
+    p = os.path.join(logs, f)
+    lines = open(p).read().strip().splitlines()[-3:] if os.path.exists(p) else ["(not run)"]
+    print(f"{what}:\n" + "\n".join("    " + l for l in lines) + "\n")
+PY
+    (cd "$runs" && tar czf "$OUT/dist_runs.tar.gz" */metrics.jsonl */config.yaml 2>/dev/null) || true
+  fi
+  if want dist-speed; then
+    echo "== data parallelism: tokens/s at the P2 340M shape, lrnn vs PyTorch DDP + fla"
+    [[ -d "$runs/rand32k" ]] || python3 bench/random_shards.py --out "$runs/rand32k" --vocab 32000 --tokens 4000000 >/dev/null
+    {
+      echo "## Data-parallel training speed: DeltaNet 24 layers, hidden 1024, 8 heads, V 32000, context 2048, 8 sequences per GPU"
+      echo
+      echo "| GPUs | lrnn tokens/s | lrnn efficiency | fla + DDP tokens/s | fla efficiency | lrnn/fla |"
+      echo "|---|---|---|---|---|---|"
+    } >>"$sum"
+    local k ours theirs base_ours="" base_theirs=""
+    for k in ${DIST_GPUS:-1 2 4 8}; do
+      [[ $k -le $n ]] || continue
+      cat >"$runs/speed.yaml" <<YAML
+training: {num_steps: ${DIST_STEPS:-16}, batch_size: $((8 * k)), lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
+model: {model_type: delta_net, hidden_size: 1024, num_hidden_layers: 24, num_heads: 8, vocab_size: 32000}
+task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
+logging: {log_every: 4, progress: none}
+YAML
+      timeout 300 "$bin/lrnn" train --config "$runs/speed.yaml" --gpus "$k" --force --out "$runs/speed_g$k" >"$LOGS/dist_speed_g$k.log" 2>&1 || true
+      ours=$(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/speed_g$k/metrics.jsonl" 2>/dev/null || echo "failed")
+      theirs=$(timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node "$k" bench/lm_fla.py train --model delta_net \
+        --layers 24 --hidden 1024 --heads 8 --batch 8 --steps 8 --warmup 3 2>"$LOGS/dist_fla_g$k.err" | tail -n 1 |
+        python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
+      [[ $k == 1 ]] && base_ours=$ours && base_theirs=$theirs
+      local eo et ratio
+      eo=$(python3 -c "print(f'{$ours / ($k * $base_ours):.2f}')" 2>/dev/null || echo "-")
+      et=$(python3 -c "print(f'{$theirs / ($k * $base_theirs):.2f}')" 2>/dev/null || echo "-")
+      ratio=$(python3 -c "print(f'{$ours/$theirs:.2f}')" 2>/dev/null || echo "-")
+      echo "| $k | $ours | $eo | $theirs | $et | $ratio |" >>"$sum"
+    done
+    echo >>"$sum"
+  fi
 }
 
 # The language-model checks (SECTIONS lm-train, lm-speed, lm-gen).

@@ -5,8 +5,9 @@
 # transformers is older than fla needs), then runs gpu-check from the pack in .gpu/ with the checks
 # named in SECTIONS. summary.md and lm_runs.tar.gz go to $OUT as each check ends (a call cut short
 # keeps what finished); the logs are tarred into $OUT/logs.tgz at the end.
-#   carry: .gpu (scripts/gpu-check.sh --pack .gpu), .whl, data (scripts/demo_lm.sh)
+#   carry: .gpu (scripts/gpu-check.sh --pack .gpu; PACK=DIR names another), .whl, data (scripts/demo_lm.sh)
 #   SECTIONS="tests lm-train lm-speed lm-gen" TEST_FILTER=... CHECK_TIMEOUT=450 bash scripts/gpu-run.sh
+#   on several GPUs: PACK=.gpu-dist SECTIONS="dist dist-speed" bash scripts/gpu-run.sh
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 : "${OUT:=$PWD/gpu-check-out}"
@@ -26,7 +27,7 @@ OUT="$OUT" LOGS="$LOGS" SECTIONS="${SECTIONS:-tests lm-train lm-speed lm-gen}" \
   TEST_FILTER="${TEST_FILTER:-*}" TEST_TIMEOUT="${TEST_TIMEOUT:-400}" LM_STEPS="${LM_STEPS:-2000}" \
   LM_SHAPES="${LM_SHAPES:-delta_net:24:1024:8:8 delta_net:4:1024:8:8}" \
   GEN_TOKENS="${GEN_TOKENS:-1024 8192 32768}" FLA_GEN_MAX="${FLA_GEN_MAX:-1024}" \
-  timeout "${CHECK_TIMEOUT:-540}" bash scripts/gpu-check.sh --prebuilt .gpu
+  timeout "${CHECK_TIMEOUT:-540}" bash scripts/gpu-check.sh --prebuilt "${PACK:-.gpu}"
 rc=$?
 tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 exit $rc

@@ -16,6 +16,7 @@
 #include "core/version.h"
 #include "data/shards.h"
 #include "data/tokenize.h"
+#include "dist/world.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "serve/http.h"
@@ -121,9 +122,11 @@ int cmd_train(const std::string& config, std::vector<std::string> sets, std::str
     if (fs::exists(opt.out_dir / "train_state.safetensors") && !force)
       LRNN_USER_ERROR("{}: holds a run already; continue it with --resume {}, or pass --force to start over", out, out);
   }
-  std::fprintf(stderr, "lrnn train: %s -> %s\n", cfg.source.c_str(), opt.out_dir.string().c_str());
+  const bool lead = dist::world().leader();
+  if (lead) std::fprintf(stderr, "lrnn train: %s -> %s\n", cfg.source.c_str(), opt.out_dir.string().c_str());
   TrainSummary s = train(cfg, opt);
   if (s.interrupted) {
+    if (!lead) return 128 + s.interrupted;
     std::fprintf(stderr, "lrnn: stopped by %s after step %lld of %lld; checkpoint saved in %s\n"
                  "continue with: lrnn train --resume %s\n",
                  s.interrupted == SIGINT ? "Ctrl-C (SIGINT)" : strsignal(s.interrupted), (long long)s.steps,
@@ -134,6 +137,7 @@ int cmd_train(const std::string& config, std::vector<std::string> sets, std::str
     std::raise(s.interrupted);
     return 128 + s.interrupted;
   }
+  if (!s.leader) return 0;
   std::fprintf(stderr, "done: %lld steps (%lld skipped) in %.1f s, final loss %.4f\n", (long long)s.steps,
                (long long)s.skipped, s.seconds, s.final_loss);
   std::fprintf(stderr, "%s", eval_table(s.eval).c_str());
@@ -456,6 +460,18 @@ int cmd_shards(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+// "lrnn", or "lrnn (rank 3 of 8)" for one of several training processes.
+std::string who() {
+  try {
+    const dist::World& w = dist::world();
+    if (w.distributed()) return fmt::format("lrnn (rank {} of {})", w.rank, w.size);
+  } catch (...) {  // (the environment itself may be what was wrong)
+  }
+  return "lrnn";
+}
+}  // namespace
+
 int run(int argc, char** argv) {
   CLI::App app{"lrnn: linear RNNs that track state (DeltaNet, Mamba, DeltaProduct, ...; eigenvalues in [0,1] or [-1,1])",
                "lrnn"};
@@ -479,6 +495,10 @@ int run(int argc, char** argv) {
   train->add_option("--resume", resume, "continue the run in this directory from its last checkpoint");
   train->add_flag("--force", force, "start over in a directory that holds a run");
   train->add_option("--device", device, "cpu or cuda (same as --set training.device=...)")->check(devices);
+  int gpus = 0;
+  train->add_option("--gpus", gpus, "data-parallel over this many GPUs of this host, one process each (implies --device "
+                    "cuda; training.batch_size stays the global batch). Several hosts: docs/MULTI_GPU.md")
+      ->check(CLI::Range(1, 1024));
 
   auto* eval = app.add_subcommand("eval", "re-evaluate a saved run (e.g. --set task.eval_len=[40,512])");
   eval->add_option("--run", run_dir, "run directory")->required();
@@ -616,7 +636,30 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    if (*train) return cmd_train(config, sets, out, resume, force, device);
+    if (*train) {
+      if (gpus > 0) {
+        if (!device.empty() && device != "cuda") LRNN_USER_ERROR("train: --gpus {} trains on GPUs; drop --device {}", gpus, device);
+        device = "cuda";
+        if (dist::world().distributed())
+          LRNN_USER_ERROR("train: --gpus {}: this process is already rank {} of {} ({}); start one process per GPU "
+                          "without --gpus, or --gpus without a launcher", gpus, dist::world().rank, dist::world().size,
+                          dist::world().source);
+        if (gpus > 1) {
+          // The launcher: the same command line once per GPU, without --gpus (dist/world.h).
+          std::vector<std::string> args;
+          for (int i = 0; i < argc; ++i) {
+            const std::string a = argv[i];
+            if (a == "--gpus") { ++i; continue; }
+            if (a.rfind("--gpus=", 0) == 0) continue;
+            args.push_back(a);
+          }
+          args.push_back("--device");
+          args.push_back("cuda");
+          return dist::launch_local(gpus, "/proc/self/exe", args);
+        }
+      }
+      return cmd_train(config, sets, out, resume, force, device);
+    }
     if (*eval) return cmd_eval(run_dir, sets, device, eval_json);
     if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
@@ -635,13 +678,13 @@ int run(int argc, char** argv) {
     }
     if (*shards) return cmd_shards(shards_dir);
   } catch (const UserError& e) {
-    std::fprintf(stderr, "lrnn: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who().c_str(), e.what());
     return 2;
   } catch (const Error& e) {
-    std::fprintf(stderr, "lrnn: internal error: %s\n", e.what());
+    std::fprintf(stderr, "%s: internal error: %s\n", who().c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "lrnn: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who().c_str(), e.what());
     return 1;
   }
   return 0;

@@ -26,10 +26,20 @@ bool available() {
   return ok;
 }
 
+int select_device(int index) {
+  int n = 0;
+  LRNN_CUDA_CHECK(cudaGetDeviceCount(&n));
+  const int d = n > 0 ? index % n : 0;
+  LRNN_CUDA_CHECK(cudaSetDevice(d));
+  return d;
+}
+
 std::string device_name() {
   if (!available()) return "no CUDA device";
   cudaDeviceProp p{};
-  LRNN_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  int dev = 0;
+  LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+  LRNN_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
   return fmt::format("{}, sm_{}{}, {} SMs, {:.0f} GiB", p.name, p.major, p.minor, p.multiProcessorCount,
                      double(p.totalGlobalMem) / double(1 << 30));
 }

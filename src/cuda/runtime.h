@@ -26,7 +26,10 @@ namespace lrnn::cuda {
 
 // True when a CUDA device can be used (false without a driver or GPU: tests skip then).
 bool available();
-// A one-line description of device 0 ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
+// Makes device `index` (modulo the devices this process sees) the current one: call it before
+// any other CUDA work (one process per GPU, dist/). Returns the device chosen.
+int select_device(int index);
+// A one-line description of the current device ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
 std::string device_name();
 // The CUDA driver and runtime versions as "13.0" (for a run's provenance).
 std::string driver_version();

@@ -31,7 +31,11 @@ class DeviceModel {
   virtual int generation() const = 0;
   virtual int vocab_size() const = 0;
 
-  cuda::Buffer<float> params, grads;  // the host model's layout
+  // Grows params and grads to n elements, the new tail zero (data parallelism shards them in equal
+  // slices; the model never reads past its own parameters). Call it before any step.
+  void pad_buffers(size_t n);
+
+  cuda::Buffer<float> params, grads;  // the host model's layout (then padding, if any)
 };
 
 // The device twin of `host` with its current parameters. UserError when the model type has no

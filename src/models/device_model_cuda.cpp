@@ -43,6 +43,18 @@ class CoreDevice final : public DeviceModel {
 
 }  // namespace
 
+void DeviceModel::pad_buffers(size_t n) {
+  if (n <= params.size()) return;
+  cuda::Buffer<float> p(n);
+  LRNN_CUDA_CHECK(cudaMemsetAsync(p.data(), 0, n * sizeof(float), cuda::stream()));
+  LRNN_CUDA_CHECK(cudaMemcpyAsync(p.data(), params.data(), params.size() * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  cuda::stream()));
+  cuda::synchronize();
+  params = std::move(p);
+  grads.resize(n);
+  grads.zero();
+}
+
 std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type) {
   // DeltaNet, Gated DeltaNet, (Gated) DeltaProduct; Mamba ([0,1] and [-1,1]).
   if (auto* m = dynamic_cast<const DeltaLM<float>*>(&host))

@@ -29,6 +29,12 @@ Batch LmTask::train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2>
   return data::PackedSampler(*train_, context_, seed).batch(step, B);
 }
 
+Batch LmTask::train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2>, int rank, int world,
+                                  double* weight) const {
+  *weight = 1.0;
+  return data::PackedSampler(*train_, context_, seed).batch(step, B, rank, world);
+}
+
 uint64_t LmTask::eval_windows() const {
   if (!val_)
     LRNN_USER_ERROR("task.data: {} has no validation split (lrnn tokenize --val-fraction > 0 makes one)", dir_);

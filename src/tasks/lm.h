@@ -30,6 +30,9 @@ class LmTask final : public Task {
   std::string token_name(int32_t tok) const override;
   std::vector<int> lengths(std::array<int, 2> range) const override;
   Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const override;
+  // Only this rank's windows are read (every window has as many labels: weight 1).
+  Batch train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2> range, int rank, int world,
+                            double* weight) const override;
 
   int context() const { return context_; }
   int eval_context() const { return eval_context_; }

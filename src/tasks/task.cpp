@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include "core/check.h"
 #include "core/rng.h"
+#include "ops/cross_entropy/cross_entropy.h"
 #include "tasks/cycle_navigation.h"
 #include "tasks/even_pairs.h"
 #include "tasks/lm.h"
@@ -134,6 +135,20 @@ Batch Task::train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> r
     samples.push_back(sample(seed, Split::Train, id, draw_length(seed, Split::Train, id, range)));
   }
   return make_batch(samples);
+}
+
+Batch Task::train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2> range, int rank, int world,
+                                double* weight) const {
+  LRNN_CHECK(world >= 1 && rank >= 0 && rank < world && B % world == 0, "rank {} of {} with batch {}", rank, world, B);
+  Batch all = train_batch(seed, step, B, range);
+  *weight = 1.0;
+  if (world == 1) return all;
+  const int rows = B / world;
+  Batch mine = all.rows(rank * rows, rows);
+  const int total = ops::count_labels(all.labels.data(), all.B * all.T);
+  const int own = ops::count_labels(mine.labels.data(), mine.B * mine.T);
+  *weight = total > 0 ? double(world) * own / total : 1.0;
+  return mine;
 }
 
 std::vector<std::string> task_names() {

@@ -86,6 +86,12 @@ class Task {
   int draw_length(uint64_t seed, Split split, uint64_t id, std::array<int, 2> range) const;
   // Training batch `step`: B samples with ids step*B .. step*B+B-1, lengths from train_len.
   virtual Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const;
+  // Data parallelism: rank `rank` of `world` gets rows [rank·B/world, (rank+1)·B/world) of
+  // training batch `step` (B a multiple of world), padded as in the whole batch, and in *weight
+  // its share of the whole batch's labels times world (1 when the ranks have as many labels).
+  // Default: the whole batch, cut; LmTask reads only its own rows.
+  virtual Batch train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2> range, int rank, int world,
+                                    double* weight) const;
   Batch make_batch(const std::vector<Sample>& samples) const;
 };
 

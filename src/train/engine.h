@@ -28,11 +28,16 @@ class Engine {
   // Takes the starting optimizer state (fresh, or resumed into host_model() by the caller).
   virtual void start(const TrainState& st) = 0;
   // One optimizer step on batch `b` at learning rate `lr` (step index st.step of the loop):
-  // forward, backward, global norm, skip if not finite, clip, AdamW.
-  virtual void step(const Batch& b, int64_t step, double lr) = 0;
+  // forward, backward, global norm, skip if not finite, clip, AdamW. With several ranks
+  // (dist/world.h), `b` is this rank's rows of the global batch and `weight` its share of the
+  // global batch's labels times the number of ranks (1 when every rank has as many labels).
+  virtual void step(const Batch& b, int64_t step, double lr, double weight = 1.0) = 0;
+  // True when `mine` is true on any rank (a collective: every rank must call it at the same step).
+  virtual bool any_rank(bool mine) { return mine; }
   // May synchronise with a device; call it only when logging.
   virtual EngineStats stats() = 0;
-  // Brings parameters into host_model() and the optimizer state into `st` (before checkpoints).
+  // Brings parameters into host_model() and the optimizer state into `st` (before checkpoints;
+  // a collective with several ranks).
   virtual void to_host(TrainState& st) = 0;
   // Logits [B,T,V] of a batch under the current parameters, in host memory.
   virtual LogitsFn logits_fn() = 0;

@@ -9,6 +9,15 @@
 // the batch generation behind the device's work. Loss and gradient norm are read back only when
 // the loop logs (stats()).
 //
+// On several GPUs (one process each, dist/world.h) the step is data-parallel with the optimizer
+// state sharded (ZeRO-1): every rank runs forward and backward on its rows of the global batch,
+// a reduce-scatter leaves each rank the mean gradient of its 1/N slice of the parameters, the
+// gradient norm and the finite check are combined over ranks (ops::cuda::StepReduce), AdamW
+// updates the slice with the slice's moments, and an all-gather gives every rank all parameters.
+// The collectives are NCCL's (dist/nccl.h), queued on the same stream and captured in the same
+// graph. Communication is not overlapped with the backward: it is 2·P floats per step against
+// the step's ~6·P·tokens FLOPs.
+//
 // LRNN_CUDA_GRAPHS=0 launches the kernels one by one instead (for debugging and measurement);
 // training.precision picks cuda::GemmPrecision (bf16 | tf32 | fp32); LRNN_CUDA_TF32=0 forces fp32
 // (what the tests comparing against the CPU use).
@@ -17,6 +26,7 @@
 #include <map>
 #include "core/check.h"
 #include "cuda/runtime.h"
+#include "dist/nccl.h"
 #include "models/device_model.h"
 #include "ops/adamw/adamw_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -48,11 +58,31 @@ struct Pinned {
   }
 };
 
+// The scalars of the sharded optimizer step, summed / or-ed over ranks with NCCL.
+struct NcclStepReduce final : ops::cuda::StepReduce {
+  dist::Nccl* comm = nullptr;
+  void sum(double* x, int n) override { comm->all_reduce(x, size_t(n), dist::DType::F64, dist::Op::Sum); }
+  void max(int* x, int n) override { comm->all_reduce(x, size_t(n), dist::DType::I32, dist::Op::Max); }
+};
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const ExperimentConfig& cfg) : tc_(cfg.training) {
     if (!cuda::available())
       LRNN_USER_ERROR("{}: training.device: cuda, but no CUDA device is available here (use --device cpu or training.device: cpu)", cfg.source);
+    const dist::World& w = dist::world();
+    if (w.distributed()) {
+      rank_ = w.rank;
+      ranks_ = w.size;
+      const int A = tc_.gradient_accumulation_steps;
+      if (tc_.batch_size % (ranks_ * A) != 0)
+        LRNN_USER_ERROR("{}: training.batch_size {} is the global batch: with {} GPUs{} it must be a multiple of {}",
+                        cfg.source, tc_.batch_size, ranks_,
+                        A > 1 ? fmt::format(" and training.gradient_accumulation_steps {}", A) : "", ranks_ * A);
+      cuda::select_device(w.local_rank);  // before any other CUDA work of this process
+      comm_ = std::make_unique<dist::Nccl>(w);
+      reduce_.comm = comm_.get();
+    }
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
     model_type_ = cfg.model["model_type"].as<std::string>();
     dense_labels_ = cfg.task.name == "lm";
@@ -62,10 +92,13 @@ class CudaEngine final : public Engine {
                              : p == "tf32"                            ? cuda::GemmPrecision::TF32
                                                                       : cuda::GemmPrecision::BF16);
     for (auto& e : events_) LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
   }
   ~CudaEngine() override {
+    if (comm_) sync("the last step");
     for (auto& [shape, g] : graphs_) cudaGraphExecDestroy(g);
     for (auto& e : events_) cudaEventDestroy(e);
+    cudaEventDestroy(sync_event_);
   }
 
   Model<float>& host_model() override { return *host_; }
@@ -76,12 +109,32 @@ class CudaEngine final : public Engine {
     const size_t P = host_->params.size();
     LRNN_CHECK(st.m.size() == P && st.v.size() == P, "optimizer state has {} / {} entries for {} parameters",
                st.m.size(), st.v.size(), P);
-    m_.upload(st.m);
-    v_.upload(st.v);
+    // This rank's slice of the parameters: [rank·S, rank·S + S) of a buffer padded to ranks·S
+    // (S a multiple of 64 floats, so every slice starts 256-byte aligned). One rank: all of it.
+    shard_ = ranks_ == 1 ? P : (P + size_t(ranks_) * 64 - 1) / (size_t(ranks_) * 64) * 64;
+    if (ranks_ > 1) dev_->pad_buffers(shard_ * size_t(ranks_));
+    auto slice = [&](const auto& full) {
+      std::remove_cvref_t<decltype(full)> s(shard_, 0);
+      const size_t lo = std::min(P, size_t(rank_) * shard_), hi = std::min(P, lo + shard_);
+      std::copy(full.begin() + lo, full.begin() + hi, s.begin());
+      return s;
+    };
+    m_.upload(slice(st.m));
+    v_.upload(slice(st.v));
     std::vector<uint8_t> decay(P, 0);
     for (auto& e : host_->layout().entries())
       if (e.weight_decay) std::fill(decay.begin() + e.offset, decay.begin() + e.offset + e.numel, 1);
-    decay_.upload(decay);
+    decay_.upload(slice(decay));
+    if (comm_) {
+      // Each collective once before any capture: NCCL connects lazily, on a collective's first call.
+      weight_.resize(2);
+      ops::cuda::zero(weight_.data(), 2);
+      comm_->all_reduce(weight_.data(), 1, dist::DType::F32, dist::Op::Avg);
+      comm_->all_gather(dev_->params.data(), shard_);
+      comm_->reduce_scatter(dev_->grads.data(), shard_, dist::Op::Avg);
+      sync("the first collectives (every rank must reach them)");
+      dev_->grads.zero();
+    }
     std::vector<float> lr(std::max<int64_t>(tc_.num_steps, 1));
     for (int64_t s = 0; s < int64_t(lr.size()); ++s)
       lr[s] = float(lr_at(s, tc_.num_steps, tc_.warmup_steps, tc_.lr, tc_.min_lr));
@@ -94,21 +147,27 @@ class CudaEngine final : public Engine {
     stats_.upload(&s, 1);
   }
 
-  void step(const Batch& b, int64_t step, double) override {
+  void step(const Batch& b, int64_t step, double, double weight = 1.0) override {
     const size_t n = size_t(b.B) * b.T;
     if (n > tokens_.size()) {  // grow the fixed input buffers (rare: graphs over the old ones go)
       cuda::synchronize();
       tokens_.resize(n);
       labels_.resize(n);
-      for (auto& s : staging_) s.resize(2 * n);
+      for (auto& s : staging_) s.resize(2 * n + 1);
       drop_graphs();
     }
     // Stage the batch: wait until this slot's previous copy has left, fill it, queue the copy.
     const int slot = int(step & 1);
-    LRNN_CUDA_CHECK(cudaEventSynchronize(events_[slot]));
+    if (comm_) comm_->wait(events_[slot], "the step before last");
+    else LRNN_CUDA_CHECK(cudaEventSynchronize(events_[slot]));
     int32_t* pin = staging_[slot].p;
     std::memcpy(pin, b.tokens.data(), n * sizeof(int32_t));
     std::memcpy(pin + n, b.labels.data(), n * sizeof(int32_t));
+    if (comm_) {  // this rank's share of the global batch's labels (times the ranks): its gradient's weight
+      const float w = float(weight);
+      std::memcpy(pin + 2 * n, &w, sizeof w);
+      LRNN_CUDA_CHECK(cudaMemcpyAsync(weight_.data(), pin + 2 * n, sizeof w, cudaMemcpyHostToDevice, cuda::stream()));
+    }
     LRNN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), pin, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
     LRNN_CUDA_CHECK(
         cudaMemcpyAsync(labels_.data(), pin + n, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
@@ -138,15 +197,18 @@ class CudaEngine final : public Engine {
 
   void to_host(TrainState& st) override {
     ops::cuda::StepStats s = read_stats();
+    const size_t P = host_->params.size();
     host_->params = dev_->params.download();
-    st.m = m_.download();
-    st.v = v_.download();
+    host_->params.resize(P);  // (the padding of the slices)
+    st.m = gather(m_);
+    st.v = gather(v_);
     st.adam_step = s.adam_step;
     st.skipped = s.skipped;
   }
 
   LogitsFn logits_fn() override {
     return [this](const Batch& b) -> const float* {
+      if (comm_) sync("the last step's collectives, before evaluating");
       eval_tokens_.upload(b.tokens);
       dev_->infer(eval_tokens_.data(), b.B, b.T);
       logits_.resize(size_t(b.B) * b.T * dev_->vocab_size());
@@ -157,7 +219,24 @@ class CudaEngine final : public Engine {
     };
   }
 
+  bool any_rank(bool mine) override {
+    if (!comm_) return mine;
+    sync("the other ranks (the step before a stop check)");
+    int x = mine;
+    flag_.upload(&x, 1);
+    comm_->all_reduce(flag_.data(), 1, dist::DType::I32, dist::Op::Max);
+    sync("the other ranks (stop request)");
+    return flag_.download()[0] != 0;
+  }
+
   std::string describe() const override {
+    if (comm_)
+      return fmt::format("{} x cuda ({}; data-parallel over NCCL {}, optimizer state sharded; {} GEMMs{})", ranks_,
+                         cuda::device_name(), comm_->version(),
+                         cuda::gemm_precision() == cuda::GemmPrecision::TF32   ? "TF32"
+                         : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "TF32, bf16 MLPs"
+                                                                               : "fp32",
+                         use_graphs_ ? ", CUDA graphs" : "");
     return fmt::format("cuda ({}; {} GEMMs{})", cuda::device_name(),
                        cuda::gemm_precision() == cuda::GemmPrecision::TF32   ? "TF32"
                        : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "TF32, bf16 MLPs"
@@ -171,6 +250,7 @@ class CudaEngine final : public Engine {
   // backward adds its gradient with weight 1 / A (the loss weight of the head's cross-entropy), and
   // the step's loss is the mean of theirs.
   void run_step(int B, int T_) {
+    if (comm_) return run_step_ranks(B, T_);
     const size_t P = host_->params.size();
     {
       cuda::OpTimer t("zero_grads");
@@ -194,6 +274,56 @@ class CudaEngine final : public Engine {
                                  int64_t(lr_table_.size()), tc_.grad_clip);
     ops::cuda::adamw_update(dev_->params.data(), dev_->grads.data(), m_.data(), v_.data(), decay_.data(), P,
                             stats_.data(), tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay);
+  }
+
+  // The same on one of several ranks: the local step, then ZeRO-1 (see the file's head).
+  void run_step_ranks(int B, int T_) {
+    const size_t P = host_->params.size(), S = shard_, off = size_t(rank_) * S;
+    {
+      cuda::OpTimer t("zero_grads");
+      dev_->grads.zero();
+    }
+    const int A = tc_.gradient_accumulation_steps, rows = B / A;
+    if (A > 1) dev_->set_loss_weight(1.0 / A);
+    ops::cuda::zero(loss_acc_.data(), 1);
+    for (int k = 0; k < A; ++k) {
+      const size_t at = size_t(k) * size_t(rows) * size_t(T_);
+      dev_->forward(tokens_.data() + at, labels_.data() + at, rows, T_);
+      ops::cuda::add_scaled(loss_acc_.data(), dev_->loss(), 1.0f / float(A), 1);
+      dev_->backward();
+    }
+    cuda::OpTimer t("optimizer (reduce-scatter, norm, clip, adamw, all-gather)");
+    if (!dense_labels_) {  // ranks with unequal label counts: the global mean weighs each by its share
+      ops::cuda::scale_by(dev_->grads.data(), weight_.data(), P);
+      ops::cuda::scale_by(loss_acc_.data(), weight_.data(), 1);
+    }
+    comm_->all_reduce(loss_acc_.data(), 1, dist::DType::F32, dist::Op::Avg);
+    comm_->reduce_scatter(dev_->grads.data(), S, dist::Op::Avg);
+    ops::cuda::optimizer_prepare(stats_.data(), loss_acc_.data(), dev_->grads.data() + off, S, lr_table_.data(),
+                                 int64_t(lr_table_.size()), tc_.grad_clip, &reduce_);
+    ops::cuda::adamw_update(dev_->params.data() + off, dev_->grads.data() + off, m_.data(), v_.data(), decay_.data(), S,
+                            stats_.data(), tc_.beta1, tc_.beta2, tc_.adam_eps, tc_.weight_decay, &reduce_);
+    comm_->all_gather(dev_->params.data(), S);
+  }
+
+  // Host waits: through the communicator's watchdog when there are several ranks.
+  void sync(const char* what) {
+    if (!comm_) return cuda::synchronize();
+    LRNN_CUDA_CHECK(cudaEventRecord(sync_event_, cuda::stream()));
+    comm_->wait(sync_event_, what);
+  }
+
+  // A sharded optimizer moment, whole (every rank's slice, then the padding cut off).
+  std::vector<float> gather(const cuda::Buffer<float>& slice) {
+    if (!comm_) return slice.download();
+    cuda::Buffer<float> all(shard_ * size_t(ranks_));
+    LRNN_CUDA_CHECK(cudaMemcpyAsync(all.data() + size_t(rank_) * shard_, slice.data(), shard_ * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, cuda::stream()));
+    comm_->all_gather(all.data(), shard_);
+    sync("the other ranks' optimizer state");
+    std::vector<float> v = all.download();
+    v.resize(host_->params.size());
+    return v;
   }
 
   cudaGraphExec_t capture(int B, int T_) {
@@ -222,7 +352,7 @@ class CudaEngine final : public Engine {
   ops::cuda::StepStats read_stats() {
     ops::cuda::StepStats s{};
     LRNN_CUDA_CHECK(cudaMemcpyAsync(&s, stats_.data(), sizeof s, cudaMemcpyDeviceToHost, cuda::stream()));
-    cuda::synchronize();
+    sync("the step's statistics");
     return s;
   }
 
@@ -240,6 +370,14 @@ class CudaEngine final : public Engine {
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;
   bool use_graphs_ = true;
   std::vector<float> logits_;
+  // Data parallelism (several ranks): the communicator, this rank's slice of the parameters.
+  std::unique_ptr<dist::Nccl> comm_;
+  NcclStepReduce reduce_;
+  int rank_ = 0, ranks_ = 1;
+  size_t shard_ = 0;
+  cuda::Buffer<float> weight_;  // this rank's gradient weight (its share of the labels, times the ranks)
+  cuda::Buffer<int> flag_;
+  cudaEvent_t sync_event_{};
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <omp.h>
 #include "core/memory.h"
 #include "data/tokenize.h"
+#include "dist/world.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "ops/adamw/adamw.h"
@@ -268,7 +270,7 @@ class CpuEngine final : public Engine {
     st_ = st;
     dp_.sync_params();
   }
-  void step(const Batch& b, int64_t, double lr) override {
+  void step(const Batch& b, int64_t, double lr, double = 1.0) override {
     Model<float>& model = dp_.main();
     const size_t P = model.params.size();
     const int A = tc_.gradient_accumulation_steps;
@@ -382,6 +384,13 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     ops::set_blas_threads(tc.num_threads);
   }
   const fs::path dir = opt.out_dir;
+  // Several processes (one per GPU, dist/world.h): rank 0 alone writes the run directory, logs,
+  // evaluates and saves; every rank steps in lockstep with the others.
+  const dist::World& world = dist::world();
+  const bool lead = world.leader();
+  if (world.distributed() && tc.device != "cuda")
+    LRNN_USER_ERROR("{}: {} ranks ({}): training over several processes is on GPUs only; use --device cuda (or one "
+                    "process: the CPU engine already uses every core)", cfg.source, world.size, world.source);
   auto task = create_task(cfg.task);
   std::unique_ptr<Engine> engine = make_engine(cfg);
   Model<float>* model = &engine->host_model();
@@ -389,8 +398,11 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
 
   if (fs::exists(dir) && !fs::is_directory(dir))
     LRNN_USER_ERROR("{}: exists and is not a directory; give --out a directory (new or a run's)", dir.string());
-  fs::create_directories(dir);
-  RunDirLock lock(dir);
+  std::optional<RunDirLock> lock;
+  if (lead) {
+    fs::create_directories(dir);
+    lock.emplace(dir);
+  }
   TrainState st;
   if (opt.resume) {
     if (!fs::exists(dir / "train_state.safetensors"))
@@ -400,37 +412,45 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     if (st.step > tc.num_steps)
       LRNN_USER_ERROR("{}: the training state is at step {}, past training.num_steps = {}", dir.string(), st.step,
                       tc.num_steps);
-    truncate_metrics(dir / "metrics.jsonl", st.step);
+    if (lead) truncate_metrics(dir / "metrics.jsonl", st.step);
   } else {
     st.m.assign(P, 0.f);
     st.v.assign(P, 0.f);
     // Starting over: nothing of an earlier run in this directory may survive to be resumed.
-    for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json",
-                   "provenance.json", "modeling_lrnn_mamba.py", "tokenizer.model"})
-      std::remove((dir / f).c_str());
+    if (lead)
+      for (auto f : {"metrics.jsonl", "eval.json", "train_state.safetensors", "model.safetensors", "config.json",
+                     "provenance.json", "modeling_lrnn_mamba.py", "tokenizer.model"})
+        std::remove((dir / f).c_str());
   }
   st.schedule = schedule_json(tc);
   engine->start(st);
-  io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
+  if (lead) io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
   // A language model's run keeps its tokenizer (as Hugging Face model directories do), so that
   // generation and serving need only the run directory.
   fs::path run_tok;
-  if (cfg.task.name == "lm" && !(run_tok = data::index_tokenizer(cfg.task.data)).empty())
+  if (lead && cfg.task.name == "lm" && !(run_tok = data::index_tokenizer(cfg.task.data)).empty())
     io::write_file_atomic(dir / "tokenizer.model", data::Tokenizer::load(run_tok).bytes());
 
-  std::ofstream metrics(dir / "metrics.jsonl", std::ios::app);
-  auto log = [&](const nlohmann::json& j) { metrics << j.dump() << "\n"; metrics.flush(); };
-  Progress progress(cfg.logging.progress, tc.num_steps, opt.quiet);
+  std::ofstream metrics;
+  if (lead) metrics.open(dir / "metrics.jsonl", std::ios::app);
+  auto log = [&](const nlohmann::json& j) {
+    if (!lead) return;
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+  Progress progress(cfg.logging.progress, tc.num_steps, opt.quiet || !lead);
   progress.message(fmt::format("training on {}", engine->describe()));
   const int64_t first = st.step;
-  ProvenanceLog provenance(dir, cfg, engine->describe(), first, opt.resume);
+  std::optional<ProvenanceLog> provenance;
+  if (lead) provenance.emplace(dir, cfg, engine->describe(), first, opt.resume);
   TrainSignals signals(opt.handle_signals);
   bool stopped_early = false;
   double loss = 0;
   int64_t tokens = 0, skipped_logged = st.skipped, skipped_in_a_row = 0, logged_step = st.step;
   auto t0 = Clock::now(), tlog = t0;
   auto checkpoint = [&] {
-    engine->to_host(st);
+    engine->to_host(st);  // (every rank: the optimizer state's slices are gathered)
+    if (!lead) return;
     // A model that is not finite never replaces the last good checkpoint (the engines skip any
     // step whose update would not be finite; this is the last line of defence).
     if (!all_finite(model->params) || !all_finite(st.m) || !all_finite(st.v))
@@ -441,7 +461,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     save_train_state(dir, *model, st);
   };
   auto eval_now = [&] {
-    engine->to_host(st);
+    if (!world.distributed()) engine->to_host(st);  // (a collective with several ranks; the device model is current)
     return evaluate_run(engine->logits_fn(), model->vocab_size(), cfg);
   };
 
@@ -449,13 +469,18 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   // the run must resume from its last one as if nothing happened).
   const char* kill_env = std::getenv("LRNN_FAULT_KILL_AFTER_STEP");
   const int64_t kill_after = kill_env ? std::max<int64_t>(std::atoll(kill_env), 0) : 0;  // 0: off
+  const char* kill_rank_env = std::getenv("LRNN_FAULT_KILL_RANK");  // only this rank (default: every rank)
+  const bool kill_me = !kill_rank_env || std::atoi(kill_rank_env) == world.rank;
+  bool stop_requested = false;  // a signal, agreed on by every rank
 
   while (st.step < tc.num_steps) {
     const int64_t step = st.step;
-    Batch b = task->train_batch(uint64_t(tc.seed), step, tc.batch_size, cfg.task.train_len);
+    double weight = 1.0;
+    Batch b = task->train_batch_of_rank(uint64_t(tc.seed), step, tc.batch_size, cfg.task.train_len, world.rank,
+                                        world.size, &weight);
     const double lr = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
-    engine->step(b, step, lr);
-    tokens += int64_t(b.B) * b.T;
+    engine->step(b, step, lr, weight);
+    tokens += int64_t(b.B) * b.T * world.size;
     st.step = step + 1;
     bool log_now = st.step % cfg.logging.log_every == 0 || st.step == tc.num_steps;
     if (log_now) {
@@ -481,33 +506,43 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
            {"elapsed_s", std::chrono::duration<double>(now - t0).count()}});
       tokens = 0; tlog = now;
     }
+    // A stop signal: one rank alone must not leave the others waiting in a collective, so with
+    // several ranks they agree at log steps (every rank's launcher or scheduler signals them all).
+    if (!world.distributed()) stop_requested = g_stop_signal != 0;
+    else if (log_now) stop_requested = engine->any_rank(g_stop_signal != 0);
     progress.update(st.step, first, loss, lr, log_now);
     if (tc.val_every > 0 && st.step % tc.val_every == 0 && st.step < tc.num_steps) {
-      auto e = eval_now();
-      log(eval_line(e, st.step));
-      progress.message(eval_message(e, cfg, st.step));
-      if (tc.stop_at > 0 && e.contains("scaled_accuracy") && double(e["scaled_accuracy"]) >= tc.stop_at) {
+      bool reached = false;
+      if (lead) {  // (the other ranks wait for it in their next collective)
+        auto e = eval_now();
+        log(eval_line(e, st.step));
+        progress.message(eval_message(e, cfg, st.step));
+        reached = tc.stop_at > 0 && e.contains("scaled_accuracy") && double(e["scaled_accuracy"]) >= tc.stop_at;
+      }
+      if (tc.stop_at > 0 && world.distributed()) reached = engine->any_rank(reached);
+      if (reached) {
         progress.message(fmt::format("stopping early: scaled accuracy reached training.stop_at = {}", tc.stop_at));
         stopped_early = true;
         break;
       }
     }
     if (tc.checkpoint_every > 0 && st.step % tc.checkpoint_every == 0 && st.step < tc.num_steps) checkpoint();
-    if (kill_after > 0 && st.step == kill_after) std::raise(SIGKILL);
-    if (g_stop_signal && st.step < tc.num_steps) break;
+    if (kill_after > 0 && st.step == kill_after && kill_me) std::raise(SIGKILL);
+    if (stop_requested && st.step < tc.num_steps) break;
   }
   checkpoint();
   TrainSummary sum;
-  if (g_stop_signal && st.step < tc.num_steps && !stopped_early) {
+  sum.leader = lead;
+  if (stop_requested && st.step < tc.num_steps && !stopped_early) {
     // Interrupted: the checkpoint above holds every step so far; the run is not finished, so no
     // final evaluation and no eval.json.
     sum.steps = st.step;
     sum.skipped = st.skipped;
     sum.final_loss = loss;
-    sum.interrupted = int(g_stop_signal);
+    sum.interrupted = g_stop_signal ? int(g_stop_signal) : SIGTERM;  // (another rank's signal)
     sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const std::string name = sum.interrupted == SIGINT ? "SIGINT" : sum.interrupted == SIGTERM ? "SIGTERM" : "a signal";
-    provenance.end(st.step, "interrupted by " + name);
+    if (lead) provenance->end(st.step, "interrupted by " + name);
     return sum;
   }
   sum.steps = st.step;
@@ -515,12 +550,13 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   sum.stopped_early = stopped_early;
   sum.final_loss = loss;
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!lead) return sum;  // rank 0 evaluates and writes eval.json
   sum.eval = eval_now();
   sum.eval["step"] = st.step;
   sum.eval["stopped_early"] = stopped_early;
   log(eval_line(sum.eval, st.step));
   io::write_file_atomic(dir / "eval.json", sum.eval.dump(2) + "\n");
-  provenance.end(st.step, stopped_early ? "stopped early (training.stop_at)" : "finished");
+  provenance->end(st.step, stopped_early ? "stopped early (training.stop_at)" : "finished");
   return sum;
 }
 

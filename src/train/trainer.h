@@ -24,6 +24,7 @@ struct TrainSummary {
   double final_loss = 0, seconds = 0;
   bool stopped_early = false;  // training.stop_at was reached
   int interrupted = 0;         // the signal (SIGINT, SIGTERM) that ended the run early; 0 if none
+  bool leader = true;          // rank 0 (or the only process): the one that evaluated and reports
   nlohmann::json eval;  // what eval.json holds
 };
 

@@ -150,3 +150,34 @@ TEST(Cli, ResumeAfterKillMatchesUninterruptedRun) {
   }
   EXPECT_EQ(read_text(b / "model.safetensors"), read_text(dir / "a" / "model.safetensors"));
 }
+
+// Several GPUs: what a machine without them can check of `--gpus` and of the rank environment.
+TEST(Cli, MultiProcessTrainingIsForGpusAndSaysWhy) {
+  auto dir = temp_dir("gpus");
+  write_text(dir / "tiny.yaml", kTinyConfig);
+  const std::string base = "train --config " + (dir / "tiny.yaml").string() + " --out " + (dir / "run").string();
+  auto r = run_lrnn(base + " --gpus 2 --device cpu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--gpus 2 trains on GPUs"), std::string::npos) << r.out;
+  // A rank started by a scheduler (here by hand) on the CPU: refused before anything is written.
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29999", 1);
+  r = run_lrnn(base + " --device cpu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("training over several processes is on GPUs only"), std::string::npos) << r.out;
+  r = run_lrnn(base + " --gpus 2");  // --gpus inside a launched rank
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("already rank 1 of 2"), std::string::npos) << r.out;
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+  EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl"));
+  if (!std::getenv("LRNN_TEST_HAS_GPU")) {
+    // The launcher itself on a machine without GPUs: every rank stops with the device error, and
+    // the launcher returns its status.
+    r = run_lrnn(base + " --gpus 2");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("no CUDA device is available"), std::string::npos) << r.out;
+  }
+  fs::remove_all(dir);
+}

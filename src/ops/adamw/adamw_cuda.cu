@@ -108,21 +108,23 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
 }  // namespace
 
 void optimizer_prepare(StepStats* s, const float* loss, const float* grads, size_t N, const float* lr_table,
-                       int64_t table_size, double max_norm) {
+                       int64_t table_size, double max_norm, StepReduce* ranks) {
   auto* part = static_cast<double*>(lrnn::cuda::scratch(kNormBlocks * sizeof(double)));
   sumsq_partials<<<kNormBlocks, kThreads, 0, lrnn::cuda::stream()>>>(part, grads, N);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (ranks) ranks->sum(part, kNormBlocks);  // partial sums of every rank's slice, block by block
   prepare<<<1, kNormBlocks, 0, lrnn::cuda::stream()>>>(s, part, loss, lr_table, table_size, max_norm);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void adamw_update(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask, size_t N,
-                  StepStats* s, double beta1, double beta2, double eps, double weight_decay) {
+                  StepStats* s, double beta1, double beta2, double eps, double weight_decay, StepReduce* ranks) {
   const float b1 = float(beta1), b2 = float(beta2), e = float(eps), wd = float(weight_decay);
   auto* part = static_cast<int*>(lrnn::cuda::scratch(kNormBlocks * sizeof(int)));
   finite_partials<<<kNormBlocks, kThreads, 0, lrnn::cuda::stream()>>>(part, params, grads, m, v, decay_mask, N, s, b1,
                                                                        b2, e, wd, beta1, beta2);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (ranks) ranks->max(part, kNormBlocks);  // a non-finite update on any rank skips the step everywhere
   commit<<<1, kNormBlocks, 0, lrnn::cuda::stream()>>>(s, part);
   LRNN_CUDA_LAUNCH_CHECK();
   unsigned blocks = unsigned(std::min<size_t>(lrnn::cuda::blocks_for(N, kThreads), 1024));

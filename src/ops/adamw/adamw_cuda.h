@@ -22,15 +22,26 @@ struct StepStats {
   int64_t loss_n;
 };
 
+// Where the optimizer's scalars meet when the gradients are sharded over data-parallel ranks
+// (ZeRO-1, train/engine_cuda.cpp): each rank holds a slice of them, so the squared norm is summed
+// over ranks and the "this update would not be finite" flags are or-ed, and every rank then makes
+// the same decision (apply or skip, clip factor). Both work in place on device memory, queued on
+// cuda::stream(). nullptr: one rank holds everything.
+struct StepReduce {
+  virtual ~StepReduce() = default;
+  virtual void sum(double* x, int n) = 0;
+  virtual void max(int* x, int n) = 0;
+};
+
 // Reads the loss (device scalar) and the gradients, then: norm, finite check, clip factor
-// (max_norm <= 0: no clipping), lr = lr_table[step], counters. `partials` needs room for
-// `norm_partials()` floats... kept internal: uses cuda::scratch.
+// (max_norm <= 0: no clipping), lr = lr_table[step], counters. Scratch: cuda::scratch.
 void optimizer_prepare(StepStats* s, const float* loss, const float* grads, size_t N, const float* lr_table,
-                       int64_t table_size, double max_norm);
+                       int64_t table_size, double max_norm, StepReduce* ranks = nullptr);
 // AdamW on params with grads * scale, at s->lr and s->adam_step; does nothing when !s->finite.
 // First checks that the update leaves every parameter and moment finite; when it would not, the
 // step is counted as skipped instead (s->finite = 0) and nothing is written.
 void adamw_update(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask, size_t N,
-                  StepStats* s, double beta1, double beta2, double eps, double weight_decay);
+                  StepStats* s, double beta1, double beta2, double eps, double weight_decay,
+                  StepReduce* ranks = nullptr);
 
 }  // namespace lrnn::ops::cuda

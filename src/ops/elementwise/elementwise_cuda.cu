@@ -15,6 +15,10 @@ __global__ void add_scaled_kernel(float* __restrict__ y, const float* __restrict
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += a * x[i];
 }
+__global__ void scale_by_kernel(float* __restrict__ y, const float* __restrict__ a, size_t n) {
+  const float f = *a;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) y[i] *= f;
+}
 __global__ void add_tail(float* y, const float* x, size_t from, size_t n) {
   size_t i = from + size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
@@ -89,6 +93,13 @@ void to_bf16(bf16* y_, const float* x, size_t n) {
 void add_scaled(float* y, const float* x, float a, size_t n) {
   if (!n) return;
   add_scaled_kernel<<<lrnn::cuda::blocks_for(n, 256), 256, 0, lrnn::cuda::stream()>>>(y, x, a, n);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+void scale_by(float* y, const float* a, size_t n) {
+  if (!n) return;
+  const unsigned blocks = unsigned(std::min<size_t>(lrnn::cuda::blocks_for(n, 256), 4096));
+  scale_by_kernel<<<blocks, 256, 0, lrnn::cuda::stream()>>>(y, a, n);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
