@@ -133,7 +133,10 @@ dist_checks() {
     [[ -n "$LRNN_NCCL_LIBRARY" ]] && export LRNN_NCCL_LIBRARY
   fi
   echo "GPUs: $n; NCCL: ${LRNN_NCCL_LIBRARY:-the dynamic loader default}" >>"$sum"
-  export NCCL_NVLS_ENABLE=0
+  export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+  # A rank that waits longer than this for the others gives up (the default, 1800 s, suits long
+  # evaluations, not a check).
+  export LRNN_DIST_TIMEOUT=${LRNN_DIST_TIMEOUT:-60}
   if want dist; then
     echo "== data parallelism: 1, 2, 4 GPUs at one global batch"
     # The LM of lm_checks, smaller: context 256, global batch 16, fp32 GEMMs (LRNN_CUDA_TF32=0) so
@@ -148,13 +151,13 @@ YAML
     local k t0 t1
     for k in 1 2 4; do
       [[ $k -le $n ]] || continue
-      LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus "$k" --force --out "$runs/lm_g$k" \
+      LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus "$k" --force --out "$runs/lm_g$k" \
         >"$LOGS/dist_lm_g$k.log" 2>&1 || echo "lm on $k GPUs: exit $?" >>"$LOGS/dist_lm_g$k.log"
     done
     # Parity (sequences of unequal length: the ranks' label counts differ), 1 vs 2 GPUs.
     for k in 1 2; do
       [[ $k -le $n ]] || continue
-      LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --gpus "$k" --force \
+      LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config configs/chomsky/parity_delta_net_2.yaml --gpus "$k" --force \
         --out "$runs/parity_g$k" --set training.num_steps=60 --set training.val_every=0 --set logging.log_every=5 \
         --set task.eval_samples=512 --set training.checkpoint_every=0 --set logging.progress=none \
         >"$LOGS/dist_parity_g$k.log" 2>&1 || true
@@ -162,17 +165,17 @@ YAML
     # Save on 2 GPUs (rank 0 killed right after it wrote the checkpoint of step 20, the launcher
     # then kills rank 1), resume on 1 and on 4.
     if [[ $n -ge 2 ]]; then
-      LRNN_FAULT_KILL_RANK=0 LRNN_FAULT_KILL_AFTER_STEP=20 LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 --force \
+      LRNN_FAULT_KILL_RANK=0 LRNN_FAULT_KILL_AFTER_STEP=20 LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 --force \
         --out "$runs/lm_save2" >"$LOGS/dist_save2.log" 2>&1 || true
       for k in 1 4; do
         [[ $k -le $n ]] || continue
         rm -rf "$runs/lm_resume$k" && cp -r "$runs/lm_save2" "$runs/lm_resume$k"
-        LRNN_CUDA_TF32=0 timeout 180 "$bin/lrnn" train --resume "$runs/lm_resume$k" --gpus "$k" \
+        LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --resume "$runs/lm_resume$k" --gpus "$k" \
           >"$LOGS/dist_resume$k.log" 2>&1 || true
       done
       # A rank killed (SIGKILL) at step 10 under the launcher: how long until the job is down.
       t0=$(date +%s.%N)
-      LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 120 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
+      LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
         --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1
       echo "exit $? after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s" >>"$LOGS/dist_kill.log"
       # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
@@ -180,11 +183,11 @@ YAML
       local port=$((20000 + RANDOM % 20000)) p0 p1
       for r in 0 1; do
         RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20 \
-          timeout 120 "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
+          timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
           --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1 &
         [[ $r == 0 ]] && p0=$! || p1=$!
       done
-      for _ in $(seq 60); do
+      for _ in $(seq 40); do
         [[ -f "$runs/lm_kill_srun/metrics.jsonl" ]] && [[ $(wc -l <"$runs/lm_kill_srun/metrics.jsonl") -ge 2 ]] && break
         sleep 1
       done

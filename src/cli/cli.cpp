@@ -649,8 +649,8 @@ int run(int argc, char** argv) {
           std::vector<std::string> args;
           for (int i = 0; i < argc; ++i) {
             const std::string a = argv[i];
-            if (a == "--gpus") { ++i; continue; }
-            if (a.rfind("--gpus=", 0) == 0) continue;
+            if (a == "--gpus" || a == "--device") { ++i; continue; }  // (--device cuda is added below)
+            if (a.rfind("--gpus=", 0) == 0 || a.rfind("--device=", 0) == 0) continue;
             args.push_back(a);
           }
           args.push_back("--device");

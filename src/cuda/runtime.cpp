@@ -94,7 +94,11 @@ struct Context {
 
   Context() {
     LRNN_CHECK(available(), "CUDA was asked for, but no CUDA device is available");
-    LRNN_CUDA_CHECK(cudaSetDevice(0));
+    // The current device: 0 unless select_device() chose another (one process per GPU). Setting
+    // it again makes its primary context current on this thread.
+    int dev = 0;
+    LRNN_CUDA_CHECK(cudaGetDevice(&dev));
+    LRNN_CUDA_CHECK(cudaSetDevice(dev));
     LRNN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     LRNN_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     LRNN_CUDA_CHECK(cudaMalloc(&scratch, kScratch));

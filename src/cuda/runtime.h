@@ -27,7 +27,8 @@ namespace lrnn::cuda {
 // True when a CUDA device can be used (false without a driver or GPU: tests skip then).
 bool available();
 // Makes device `index` (modulo the devices this process sees) the current one: call it before
-// any other CUDA work (one process per GPU, dist/). Returns the device chosen.
+// any other CUDA work (one process per GPU, dist/): the stream, cuBLAS handles and scratch are
+// made on the device that is current when they are first used. Returns the device chosen.
 int select_device(int index);
 // A one-line description of the current device ("NVIDIA H200, sm_90, 132 SMs, 140 GiB").
 std::string device_name();
