@@ -174,10 +174,12 @@ YAML
           >"$LOGS/dist_resume$k.log" 2>&1 || true
       done
       # A rank killed (SIGKILL) at step 10 under the launcher: how long until the job is down.
+      # (set -e: every status that is the point of a check is caught with || rc=$?.)
+      local rc=0
       t0=$(date +%s.%N)
       LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
-        --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1
-      echo "exit $? after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s" >>"$LOGS/dist_kill.log"
+        --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1 || rc=$?
+      echo "exit $rc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s from the start (the kill is at step 10)" >>"$LOGS/dist_kill.log"
       # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
       # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s).
       local port=$((20000 + RANDOM % 20000)) p0 p1
@@ -185,18 +187,19 @@ YAML
         RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20 \
           timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
           --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1 &
-        [[ $r == 0 ]] && p0=$! || p1=$!
+        if [[ $r == 0 ]]; then p0=$!; else p1=$!; fi
       done
       for _ in $(seq 40); do
         [[ -f "$runs/lm_kill_srun/metrics.jsonl" ]] && [[ $(wc -l <"$runs/lm_kill_srun/metrics.jsonl") -ge 2 ]] && break
         sleep 1
       done
-      kill -9 "$p1"
+      kill -9 "$p1" || true
       t0=$(date +%s.%N)
-      wait "$p0"
-      echo "rank 0: exit $? $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed" >>"$LOGS/dist_kill_srun0.log"
+      rc=0
+      wait "$p0" || rc=$?
+      echo "rank 0: exit $rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed" >>"$LOGS/dist_kill_srun0.log"
     fi
-    python3 - "$runs" "$LOGS" >>"$sum" <<'PY'
+    python3 - "$runs" "$LOGS" >>"$sum" <<'PY' || true
 import json, os, sys
 runs, logs = sys.argv[1], sys.argv[2]
 def train(run):
