@@ -181,12 +181,15 @@ YAML
         --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1 || rc=$?
       echo "exit $rc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s from the start (the kill is at step 10)" >>"$LOGS/dist_kill.log"
       # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
-      # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s).
+      # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s). Each rank is exec'd from its
+      # subshell, so $! is the rank itself (a `timeout` wrapper there would be what gets killed).
       local port=$((20000 + RANDOM % 20000)) p0 p1
       for r in 0 1; do
-        RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20 \
-          timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
-          --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1 &
+        (
+          export RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20
+          exec "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
+            --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1
+        ) &
         if [[ $r == 0 ]]; then p0=$!; else p1=$!; fi
       done
       for _ in $(seq 40); do
@@ -195,9 +198,16 @@ YAML
       done
       kill -9 "$p1" || true
       t0=$(date +%s.%N)
+      for _ in $(seq 90); do
+        kill -0 "$p0" 2>/dev/null || break
+        sleep 1
+      done
+      local still=""
+      if kill -0 "$p0" 2>/dev/null; then still=" (still running: killed by the check)"; kill -9 "$p0" || true; fi
       rc=0
       wait "$p0" || rc=$?
-      echo "rank 0: exit $rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed" >>"$LOGS/dist_kill_srun0.log"
+      wait "$p1" || true
+      echo "rank 0: exit $rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed$still" >>"$LOGS/dist_kill_srun0.log"
     fi
     python3 - "$runs" "$LOGS" >>"$sum" <<'PY' || true
 import json, os, sys
