@@ -154,6 +154,11 @@ YAML
       LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus "$k" --force --out "$runs/lm_g$k" \
         >"$LOGS/dist_lm_g$k.log" 2>&1 || echo "lm on $k GPUs: exit $?" >>"$LOGS/dist_lm_g$k.log"
     done
+    # Gradient accumulation on several ranks: 2 GPUs x 2 micro-batches of 4 rows = the 1-GPU step.
+    if [[ $n -ge 2 ]]; then
+      LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 --force --out "$runs/lm_g2_acc2" \
+        --set training.gradient_accumulation_steps=2 >"$LOGS/dist_lm_g2_acc2.log" 2>&1 || true
+    fi
     # Parity (sequences of unequal length: the ranks' label counts differ), 1 vs 2 GPUs.
     for k in 1 2; do
       [[ $k -le $n ]] || continue
@@ -231,7 +236,7 @@ def table(title, names):
     print()
 table("Data parallelism: LM loss per step, 1 / 2 / 4 GPUs, global batch 16 x 256 (fp32 GEMMs)",
       [("1 GPU", "lm_g1"), ("2 GPUs", "lm_g2"), ("4 GPUs", "lm_g4"), ("saved on 2 -> resumed on 1", "lm_resume1"),
-       ("saved on 2 -> resumed on 4", "lm_resume4")])
+       ("saved on 2 -> resumed on 4", "lm_resume4"), ("2 GPUs x 2 micro-batches", "lm_g2_acc2")])
 table("Data parallelism: parity (unequal label counts), 1 vs 2 GPUs", [("1 GPU", "parity_g1"), ("2 GPUs", "parity_g2")])
 print("## A killed rank\n")
 for f, what in (("dist_kill.log", "--gpus 2, rank 1 SIGKILLed at step 10"),

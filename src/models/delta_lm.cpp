@@ -62,14 +62,19 @@ DeltaLM<T>::DeltaLM(const DeltaLMSpec& spec, uint64_t seed) {
     x.attn_norm = lay.add(p + "attn_norm.weight", {d}, Init::Ones, 0, false);
     // q|k|v|b|a|g: one [W, d] matrix for one GEMM (names and shapes stay fla's). Attention
     // projections: xavier_uniform, gain 2^-2.5 (fla's _initialize_weights).
-    auto proj = [&](const char* name, int64_t rows, bool last) {
-      return lay.add(p + "attn." + name + ".weight", {rows, d}, Init::XavierUniform, attn_gain, true, last);
+    // With n_h blocks (k, v, b of DeltaProduct) and init_per_step, each block gets the bound of its
+    // own shape, gain sqrt(6 / (d + rows / n_h)) instead of sqrt(6 / (d + rows)).
+    auto proj = [&](const char* name, int64_t rows, bool last, int64_t blocks = 1) {
+      const double gain = s.init_per_step && blocks > 1
+                              ? attn_gain * std::sqrt(double(d + rows) / double(d + rows / blocks))
+                              : attn_gain;
+      return lay.add(p + "attn." + name + ".weight", {rows, d}, Init::XavierUniform, gain, true, last);
     };
     const bool fg = s.use_forget_gate, og = s.use_output_gate;
     x.q_proj = proj("q_proj", Kd, false);
-    x.k_proj = proj("k_proj", n * Kd, false);
-    x.v_proj = proj("v_proj", n * Vd, false);
-    x.b_proj = proj("b_proj", n * H, !fg && !og);
+    x.k_proj = proj("k_proj", n * Kd, false, n);
+    x.v_proj = proj("v_proj", n * Vd, false, n);
+    x.b_proj = proj("b_proj", n * H, !fg && !og, n);
     if (fg) x.a_proj = proj("a_proj", H, !og);
     if (og) x.g_proj = proj("g_proj", Vd, true);
     LRNN_CHECK(x.k_proj == x.q_proj + size_t(c.k * d) && x.v_proj == x.q_proj + size_t(c.v * d) &&

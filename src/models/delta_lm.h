@@ -29,6 +29,7 @@ struct DeltaLMSpec {
   int vocab_size = 3, hidden_size = 128, num_hidden_layers = 1, num_heads = 4;
   int head_k_dim = 32, head_v_dim = 32;
   int num_householder = 1;
+  bool init_per_step = false;  // k/v/b projections: xavier per sub-step block (else over all n_h blocks)
   bool allow_neg_eigval = false;
   bool use_short_conv = true;
   int conv_size = 4;

@@ -94,6 +94,10 @@ void GatedDeltaProductConfig::describe(io::Schema& s) {
   s.add("model_type", &model_type, "architecture", {"gated_deltaproduct"});
   describe_common(s, *this);
   s.add("num_householder", &num_householder, "n_h: Householder sub-steps (own k, v, beta) per token", 1, 64)
+      .add("householder_init", &householder_init,
+           "fused: xavier over the n_h blocks of k/v/beta projections together (fla's layer); per_step: each "
+           "sub-step's block initialised as its own matrix (the DeltaProduct paper's code)",
+           {"fused", "per_step"})
       .add("use_forget_gate", &use_forget_gate, "Mamba-2 style decay exp(g) once per token (a_proj, A_log, dt_bias)")
       .add("use_output_gate", &use_output_gate, "o_norm(o) * SiLU(g_proj x)");
   describe_tail(s, *this);
@@ -104,6 +108,7 @@ void GatedDeltaProductConfig::validate(const io::Schema& s) const { validate_com
 DeltaLMSpec GatedDeltaProductConfig::spec() const {
   DeltaLMSpec s = common_spec(*this);
   s.num_householder = num_householder;
+  s.init_per_step = householder_init == "per_step";
   s.use_forget_gate = use_forget_gate;
   s.use_output_gate = use_output_gate;
   return s;

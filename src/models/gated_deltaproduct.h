@@ -27,6 +27,11 @@ struct GatedDeltaProductConfig {
   int head_dim = 32;
   double expand_v = 1.0;          // value head dim = head_dim * expand_v
   int num_householder = 1;        // n_h
+  // How k_proj, v_proj and b_proj (n_h blocks each) start: "fused" as fla's layer (xavier over
+  // the whole [n_h rows, d] matrix, so the bound shrinks as n_h grows), "per_step" as the
+  // DeltaProduct authors' fork of it (each sub-step's projection its own matrix, xavier over its
+  // own shape). The default is fla's: the shipped n_h = 2 results were measured with it.
+  std::string householder_init = "fused";
   bool allow_neg_eigval = false;  // false: [0,1]; true: [-1,1]
   bool use_forget_gate = false;
   bool use_output_gate = true;

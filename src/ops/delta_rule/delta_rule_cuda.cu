@@ -846,7 +846,7 @@ template <int DK, int NH>
 __global__ void __launch_bounds__(kLaneWarps * 32, 4) delta_lane_fwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int bh = blockIdx.x * kLaneWarps + warp;
+  const int bh = blockIdx.x * (blockDim.x >> 5) + warp;  // (launch_lane may give a block fewer than kLaneWarps warps)
   if (bh >= a.nseq) return;  // whole warps leave; nothing below synchronises the block
   const int b = bh / a.H, h = bh % a.H, nh = NH ? NH : a.nh;
   const LaneSmem L = lane_smem(DK, nh, false, a.g != nullptr);
@@ -905,7 +905,7 @@ template <int DK, int NH, int MinBlocks>
 __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int bh = blockIdx.x * kLaneWarps + warp;
+  const int bh = blockIdx.x * (blockDim.x >> 5) + warp;  // (launch_lane may give a block fewer than kLaneWarps warps)
   if (bh >= a.nseq) return;
   const int b = bh / a.H, h = bh % a.H, nh = NH ? NH : a.nh, H = a.H;
   const bool gate = a.g != nullptr, col = lane < a.Dv, acc = a.accumulate;
