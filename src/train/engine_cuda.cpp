@@ -79,6 +79,14 @@ class CudaEngine final : public Engine {
         LRNN_USER_ERROR("{}: training.batch_size {} is the global batch: with {} GPUs{} it must be a multiple of {}",
                         cfg.source, tc_.batch_size, ranks_,
                         A > 1 ? fmt::format(" and training.gradient_accumulation_steps {}", A) : "", ranks_ * A);
+      // One GPU per process: the local rank's, or the only one this process sees (a scheduler
+      // that gives each task its own GPU, e.g. srun --gpus-per-task 1).
+      int count = 0;
+      LRNN_CUDA_CHECK(cudaGetDeviceCount(&count));
+      if (count > 1 && w.local_rank >= count)
+        LRNN_USER_ERROR("rank {} is rank {} on its host ({}), but this process sees {} GPUs: start at most one "
+                        "process per GPU (lrnn train --gpus {} at most here), or give each its own GPU with "
+                        "CUDA_VISIBLE_DEVICES", w.rank, w.local_rank, w.source, count, count);
       cuda::select_device(w.local_rank);  // before any other CUDA work of this process
       comm_ = std::make_unique<dist::Nccl>(w);
       reduce_.comm = comm_.get();
