@@ -89,6 +89,33 @@ struct Hello {
   uint32_t magic, rank, size;
 };
 
+// A socket listening on `port` of every address: IPv6 with IPv4 mapped in where the host has
+// IPv6, IPv4 alone otherwise.
+Fd listen_on(int port) {
+  const int on = 1, off = 0;
+  Fd s6(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s6.fd >= 0) {
+    ::setsockopt(s6.fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    ::setsockopt(s6.fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(uint16_t(port));
+    if (::bind(s6.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(s6.fd, 128) == 0) return s6;
+  }
+  Fd s4(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s4.fd < 0) LRNN_USER_ERROR("rendezvous: socket: {}", std::strerror(errno));
+  ::setsockopt(s4.fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(uint16_t(port));
+  if (::bind(s4.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s4.fd, 128) != 0)
+    LRNN_USER_ERROR("rendezvous: rank 0 cannot listen on port {} (MASTER_PORT): {}; pick a free port", port,
+                    std::strerror(errno));
+  return s4;
+}
+
 }  // namespace
 
 World world_from(const Env& env) {
@@ -135,33 +162,7 @@ std::string exchange(const World& w, const std::string& payload, double timeout_
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   const std::string where = fmt::format("{}:{}", w.master_addr, w.master_port);
   if (w.leader()) {
-    Fd s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    int off = 0, on = 1;
-    if (s.fd >= 0) ::setsockopt(s.fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);  // IPv4 too
-    else s = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (s.fd < 0) LRNN_USER_ERROR("rendezvous: socket: {}", std::strerror(errno));
-    ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-    sockaddr_storage a{};
-    socklen_t len;
-    int family = 0;
-    socklen_t fl = sizeof family;
-    ::getsockopt(s.fd, SOL_SOCKET, SO_DOMAIN, &family, &fl);
-    if (family == AF_INET6) {
-      auto* a6 = reinterpret_cast<sockaddr_in6*>(&a);
-      a6->sin6_family = AF_INET6;
-      a6->sin6_addr = in6addr_any;
-      a6->sin6_port = htons(uint16_t(w.master_port));
-      len = sizeof *a6;
-    } else {
-      auto* a4 = reinterpret_cast<sockaddr_in*>(&a);
-      a4->sin_family = AF_INET;
-      a4->sin_addr.s_addr = htonl(INADDR_ANY);
-      a4->sin_port = htons(uint16_t(w.master_port));
-      len = sizeof *a4;
-    }
-    if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(s.fd, 128) != 0)
-      LRNN_USER_ERROR("rendezvous: rank 0 cannot listen on port {} (MASTER_PORT): {}; pick a free port",
-                      w.master_port, std::strerror(errno));
+    Fd s = listen_on(w.master_port);
     std::vector<char> seen(size_t(w.size), 0);
     seen[0] = 1;
     for (int got = 1; got < w.size;) {

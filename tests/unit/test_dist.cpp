@@ -136,6 +136,22 @@ TEST(DistRendezvous, ARankOfAnotherJobSizeIsRefused) {
   stray.get();
 }
 
+TEST(DistRendezvous, ATakenPortIsAnErrorNamingIt) {
+  // Another program listens on MASTER_PORT (IPv4, every address, as a second job's rank 0 would).
+  int other = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(other, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(other, 4), 0);
+  ::getsockname(other, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const std::string msg = message_of([=] { exchange(rank_of(0, 2, port), "id", 1); });
+  EXPECT_NE(msg.find("cannot listen on port " + std::to_string(port)), std::string::npos) << msg;
+  ::close(other);
+}
+
 TEST(DistLaunch, StartsEachRankWithItsEnvironment) {
   const fs::path dir = fs::temp_directory_path() / ("lrnn_launch_" + std::to_string(::getpid()));
   fs::create_directories(dir);
