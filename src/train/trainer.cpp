@@ -471,7 +471,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   const int64_t kill_after = kill_env ? std::max<int64_t>(std::atoll(kill_env), 0) : 0;  // 0: off
   const char* kill_rank_env = std::getenv("LRNN_FAULT_KILL_RANK");  // only this rank (default: every rank)
   const bool kill_me = !kill_rank_env || std::atoi(kill_rank_env) == world.rank;
-  bool stop_requested = false;  // a signal, agreed on by every rank
+  bool stop_requested = false;  // a signal (with several ranks: as agreed by all of them)
 
   while (st.step < tc.num_steps) {
     const int64_t step = st.step;
@@ -508,8 +508,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     }
     // A stop signal: one rank alone must not leave the others waiting in a collective, so with
     // several ranks they agree at log steps (every rank's launcher or scheduler signals them all).
-    if (!world.distributed()) stop_requested = g_stop_signal != 0;
-    else if (log_now) stop_requested = engine->any_rank(g_stop_signal != 0);
+    if (world.distributed() && log_now) stop_requested = engine->any_rank(g_stop_signal != 0);
     progress.update(st.step, first, loss, lr, log_now);
     if (tc.val_every > 0 && st.step % tc.val_every == 0 && st.step < tc.num_steps) {
       bool reached = false;
@@ -528,6 +527,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     }
     if (tc.checkpoint_every > 0 && st.step % tc.checkpoint_every == 0 && st.step < tc.num_steps) checkpoint();
     if (kill_after > 0 && st.step == kill_after && kill_me) std::raise(SIGKILL);
+    if (!world.distributed()) stop_requested = g_stop_signal != 0;  // (one process: at once)
     if (stop_requested && st.step < tc.num_steps) break;
   }
   checkpoint();
