@@ -27,6 +27,7 @@
 #include "core/check.h"
 #include "cuda/runtime.h"
 #include "dist/nccl.h"
+#include "dist/shards.h"
 #include "models/device_model.h"
 #include "ops/adamw/adamw_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -117,22 +118,16 @@ class CudaEngine final : public Engine {
     const size_t P = host_->params.size();
     LRNN_CHECK(st.m.size() == P && st.v.size() == P, "optimizer state has {} / {} entries for {} parameters",
                st.m.size(), st.v.size(), P);
-    // This rank's slice of the parameters: [rank·S, rank·S + S) of a buffer padded to ranks·S
-    // (S a multiple of 64 floats, so every slice starts 256-byte aligned). One rank: all of it.
-    shard_ = ranks_ == 1 ? P : (P + size_t(ranks_) * 64 - 1) / (size_t(ranks_) * 64) * 64;
-    if (ranks_ > 1) dev_->pad_buffers(shard_ * size_t(ranks_));
-    auto slice = [&](const auto& full) {
-      std::remove_cvref_t<decltype(full)> s(shard_, 0);
-      const size_t lo = std::min(P, size_t(rank_) * shard_), hi = std::min(P, lo + shard_);
-      std::copy(full.begin() + lo, full.begin() + hi, s.begin());
-      return s;
-    };
-    m_.upload(slice(st.m));
-    v_.upload(slice(st.v));
+    // This rank's slice of the parameters (dist/shards.h); one rank: all of it.
+    const dist::Shards sh = dist::Shards::of(P, ranks_);
+    shard_ = sh.per_rank;
+    if (ranks_ > 1) dev_->pad_buffers(sh.padded());
+    m_.upload(sh.slice(st.m, rank_));
+    v_.upload(sh.slice(st.v, rank_));
     std::vector<uint8_t> decay(P, 0);
     for (auto& e : host_->layout().entries())
       if (e.weight_decay) std::fill(decay.begin() + e.offset, decay.begin() + e.offset + e.numel, 1);
-    decay_.upload(slice(decay));
+    decay_.upload(sh.slice(decay, rank_));
     if (comm_) {
       // Each collective once before any capture: NCCL connects lazily, on a collective's first call.
       weight_.resize(2);

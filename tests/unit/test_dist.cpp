@@ -11,6 +11,7 @@
 #include <thread>
 #include <unistd.h>
 #include "core/check.h"
+#include "dist/shards.h"
 #include "dist/world.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "tasks/task.h"
@@ -210,4 +211,34 @@ TEST(DistBatch, RanksSplitTheGlobalBatchAndWeighTheirLabels) {
     // The weights average to 1: the mean of the ranks' weighted means is the batch's mean.
     EXPECT_NEAR(weights / world, 1.0, 1e-12) << world;
   }
+}
+
+TEST(DistShards, SlicesAreAlignedEqualAndCoverEveryParameterOnce) {
+  EXPECT_EQ(Shards::of(1000, 1).per_rank, 1000u);  // one rank: everything, unpadded
+  EXPECT_EQ(Shards::of(1000, 1).padded(), 1000u);
+  for (size_t P : {size_t(1), size_t(63), size_t(64), size_t(1000), size_t(529856), size_t(340000001)})
+    for (int N : {2, 3, 4, 7, 8}) {
+      const Shards s = Shards::of(P, N);
+      EXPECT_EQ(s.per_rank % 64, 0u) << P << " " << N;
+      EXPECT_GE(s.padded(), P);
+      EXPECT_LT(s.padded() - P, size_t(64) * N) << P << " " << N;  // at most one 64-block of padding per rank
+      size_t covered = 0;
+      for (int r = 0; r < N; ++r) {
+        EXPECT_EQ(s.begin(r), std::min(P, r * s.per_rank));
+        covered += s.end(r) - s.begin(r);
+      }
+      EXPECT_EQ(covered, P);
+    }
+  // The slices of a vector put back together in rank order are the vector, then zeros.
+  std::vector<float> full(1000);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i + 1);
+  const Shards s = Shards::of(full.size(), 3);
+  std::vector<float> joined;
+  for (int r = 0; r < 3; ++r) {
+    auto part = s.slice(full, r);
+    EXPECT_EQ(part.size(), s.per_rank);
+    joined.insert(joined.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(joined.size(), s.padded());
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], i < full.size() ? full[i] : 0.f) << i;
 }
