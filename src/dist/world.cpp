@@ -165,16 +165,26 @@ std::string exchange(const World& w, const std::string& payload, double timeout_
     Fd s = listen_on(w.master_port);
     std::vector<char> seen(size_t(w.size), 0);
     seen[0] = 1;
+    bool said = false;
+    const auto start = Clock::now();
     for (int got = 1; got < w.size;) {
-      pollfd pf{s.fd, POLLIN, 0};
-      const double l = left(deadline);
-      if (l <= 0 || ::poll(&pf, 1, int(l * 1000) + 1) <= 0) {
+      const double since = std::chrono::duration<double>(Clock::now() - start).count();
+      if (!said && since >= 10.0 && left(deadline) > 0) {
+        // A slow start, or a job that never started its other ranks: say so long before the timeout.
+        std::fprintf(stderr, "lrnn: rank 0 of %d (%s) is waiting at %s for the other ranks (%d of %d so far)\n",
+                     w.size, w.source.c_str(), where.c_str(), got, w.size);
+        said = true;
+      }
+      if (left(deadline) <= 0) {
         std::string missing;
         for (int r = 0; r < w.size; ++r)
           if (!seen[size_t(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         LRNN_USER_ERROR("rendezvous: rank 0 waited {:.0f} s at {} for ranks {} (of {}), which never came "
                         "(LRNN_DIST_TIMEOUT sets the wait)", timeout_s, where, missing, w.size);
       }
+      const double wait = said ? left(deadline) : std::min(left(deadline), 10.0 - since);
+      pollfd pf{s.fd, POLLIN, 0};
+      if (::poll(&pf, 1, int(std::max(wait, 0.0) * 1000) + 1) <= 0) continue;
       Fd c(::accept4(s.fd, nullptr, nullptr, SOCK_CLOEXEC));
       if (c.fd < 0) continue;
       Hello h{};
@@ -193,7 +203,14 @@ std::string exchange(const World& w, const std::string& payload, double timeout_
   }
   // The other ranks: connect (rank 0 may not be listening yet), say who we are, read.
   std::string last_error = "no answer";
+  bool said = false;
+  const auto start = Clock::now();
   while (left(deadline) > 0) {
+    if (!said && std::chrono::duration<double>(Clock::now() - start).count() >= 10.0) {
+      std::fprintf(stderr, "lrnn: rank %d of %d (%s) is still trying to reach rank 0 at %s: %s\n", w.rank, w.size,
+                   w.source.c_str(), where.c_str(), last_error.c_str());
+      said = true;
+    }
     addrinfo hints{}, *res = nullptr;
     hints.ai_socktype = SOCK_STREAM;
     const std::string port = std::to_string(w.master_port);
