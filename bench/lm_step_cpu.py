@@ -17,7 +17,6 @@ One JSON line each.
 Needs torch, einops and the fla-core wheel (pure Python; only naive.py is loaded).
 """
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,19 +28,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tools")]
 import golden_deltanet as twin  # noqa: E402
-
-
-def naive_module():
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("lm_step_cpu.py: fla is not installed (pip install --no-deps fla-core==0.6.0)")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "ops", "delta_rule", "naive.py")
-    s = importlib.util.spec_from_file_location("fla_delta_rule_naive", path)
-    m = importlib.util.module_from_spec(s)
-    s.loader.exec_module(m)
-    return m
+from delta_rule_torch import naive_module  # noqa: E402  (fla's naive.py, loaded without Triton)
 
 
 def chunked_delta_rule(naive, chunk):

@@ -22,16 +22,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int free_port() {
+// An IPv4 socket bound to a port the kernel picks (on `addr`); its port in *port.
+int bound_socket(uint32_t addr, int* port) {
   int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(addr);
   socklen_t len = sizeof a;
   EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
+  *port = ntohs(a.sin_port);
+  return s;
+}
+
+int free_port() {
+  int port = 0;
+  ::close(bound_socket(INADDR_LOOPBACK, &port));
+  return port;
 }
 
 World rank_of(int rank, int size, int port) {
@@ -139,15 +146,9 @@ TEST(DistRendezvous, ARankOfAnotherJobSizeIsRefused) {
 
 TEST(DistRendezvous, ATakenPortIsAnErrorNamingIt) {
   // Another program listens on MASTER_PORT (IPv4, every address, as a second job's rank 0 would).
-  int other = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(other, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  int port = 0;
+  const int other = bound_socket(INADDR_ANY, &port);
   ASSERT_EQ(::listen(other, 4), 0);
-  ::getsockname(other, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
   const std::string msg = message_of([=] { exchange(rank_of(0, 2, port), "id", 1); });
   EXPECT_NE(msg.find("cannot listen on port " + std::to_string(port)), std::string::npos) << msg;
   ::close(other);
