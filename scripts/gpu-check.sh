@@ -4,7 +4,8 @@
 # then print a short table. The table (summary.md, written as each check ends, so a run cut short
 # keeps what it finished) goes to $OUT (default gpu-check-out/), the logs to $LOGS (default $OUT;
 # a device call brings back only a few files: keep them apart and tar them).
-# SECTIONS picks what runs (default "tests bench parity"; "dist" and "dist-speed" check data
+# SECTIONS picks what runs (default "tests bench parity"; "kernel" times the delta-rule kernels
+# alone, lrnn's recurrent and chunked forms next to fla's; "dist" and "dist-speed" check data
 # parallelism on a machine with several GPUs; add lm-train, lm-speed, lm-gen for the
 # language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
 # side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests (a gtest filter, default all).
@@ -92,6 +93,29 @@ run_checks() {
   { echo "## Training step (bench_cuda 300)"; echo; grep -E '^\||^device' "$LOGS/bench.md" || true; echo; } >>"$sum"
   timeout "${BENCH_TIMEOUT:-300}" "$bin/bench/bench_cuda" 100 --profile 0 2>&1 | tee "$LOGS/profile.md" || true
   timeout 60 "$bin/bench/bench_cuda" 50 --gemm 2>&1 | tee "$LOGS/gemm.md" || true
+  fi
+
+  if want kernel; then
+  echo "== delta-rule kernels alone: lrnn (recurrent and chunked), then fla"
+  timeout "${KERNEL_TIMEOUT:-240}" "$bin/tests/cuda_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 | tee "$LOGS/kernel_lrnn.log" || true
+  LRNN_CUDA_PROFILE=1 LRNN_TIMING_CHUNKED_ONLY=1 timeout 120 "$bin/tests/cuda_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 | tee "$LOGS/kernel_profile.log" || true
+  {
+    echo "## Delta-rule kernels alone (lrnn fp32 inputs, TF32 products; fla bf16): microseconds"
+    echo
+    echo '```'
+    grep -E '^(B=|recurrent|chunked)' "$LOGS/kernel_lrnn.log" || true
+    echo '```'
+    echo
+    echo "Each kernel of the chunked form (LRNN_CUDA_PROFILE=1: synchronised after every kernel):"
+    echo '```'
+    grep -E '^(B=|    delta)' "$LOGS/kernel_profile.log" || true
+    echo '```'
+    echo
+  } >>"$sum"
+  timeout "${KERNEL_FLA_TIMEOUT:-300}" python3 bench/delta_rule_fla_gpu.py 2>&1 | tee "$LOGS/kernel_fla.log" || true
+  { echo '```'; grep '^{' "$LOGS/kernel_fla.log" || true; echo '```'; echo; } >>"$sum"
   fi
 
   if want parity; then

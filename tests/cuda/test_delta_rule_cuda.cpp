@@ -14,8 +14,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
+#include "core/check.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
 #include "ops/delta_rule/delta_rule.h"
@@ -39,6 +42,7 @@ struct Opts {
   bool l2_keys = true;                // L2-normalised keys (else N(0, 1/Dk))
   bool fused = false;                 // q|k|v|beta in one buffer per token, with padding
   int pad = 5;                        // fused: floats of padding per token
+  bool g_fixed = false;               // every gate value g_lo
   double tol = 1e-4;
   uint64_t seed = 1;
 };
@@ -89,7 +93,7 @@ struct Problem {
     if (o.gate) {
       g.resize(N * d.H);
       const auto lo = randu(g.size(), o.seed, o.g_lo, o.g_lo / 4, 4), hi = randu(g.size(), o.seed, -0.5, o.g_hi, 5);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = i % 3 == 0 ? lo[i] : hi[i];
+      for (size_t i = 0; i < g.size(); ++i) g[i] = o.g_fixed ? float(o.g_lo) : i % 3 == 0 ? lo[i] : hi[i];
       gg = randn(g.size(), o.seed, 1.0, 6);
     }
     gx = randn(x.size(), o.seed, 1.0, 7);
@@ -101,8 +105,31 @@ struct Problem {
   const float* b(const float* base) const { return base + off_b; }
 };
 
+// The chunked form's checkpoints hold the state before each of its chunks (of Ct tokens) and
+// after the last; the CPU's the state before every kDeltaChunk-th token and after the last. The
+// states both have are compared.
+void near_chunked_states(const std::vector<float>& got, const std::vector<float>& cpu, const DeltaRuleDims& d,
+                         double tol) {
+  const int Ct = lrnn::ops::delta_rule_gpu_chunk_tokens(d.n_h), nc = (d.T + Ct - 1) / Ct;
+  const int C = lrnn::ops::kDeltaChunk, n16 = (d.T + C - 1) / C;
+  const size_t SS = size_t(d.Dk) * d.Dv;
+  std::vector<float> a, b;
+  for (int bh = 0; bh < d.B * d.H; ++bh)
+    for (int c = 0; c <= nc; ++c) {
+      const int t = c == nc ? d.T : c * Ct;
+      if (c < nc && t % C) continue;
+      const int slot = c == nc ? n16 : t / C;
+      const float* g = got.data() + (size_t(bh) * (nc + 1) + c) * SS;
+      const float* w = cpu.data() + (size_t(bh) * (n16 + 1) + slot) * SS;
+      a.insert(a.end(), g, g + SS);
+      b.insert(b.end(), w, w + SS);
+    }
+  ASSERT_FALSE(a.empty());
+  near(a, b, tol, "chunk start states (" + std::to_string(a.size() / SS) + " compared)");
+}
+
 // Runs forward and backward on both sides and compares everything.
-void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
+void check_kernel(const DeltaRuleDims& dims, const Opts& opts, bool chunked_layout = false) {
   const Problem p(dims, opts);
   const DeltaRuleDims& d = p.d;
   const std::string tag = "Dk=" + std::to_string(d.Dk) + " Dv=" + std::to_string(d.Dv) + " T=" +
@@ -137,7 +164,14 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts) {
   lrnn::cuda::synchronize();
   near(o.download(), o_ref, opts.tol, "forward o");
   near(o2.download(), o_ref, opts.tol, "forward o (no checkpoints)");
-  near(ck.download(), ck_ref, opts.tol, "chunk checkpoints");
+  if (chunked_layout) {
+    near_chunked_states(ck.download(), ck_ref, d, opts.tol);
+  } else {  // the part the recurrent kernels fill (the buffer may be larger: delta_rule.h)
+    const size_t used = lrnn::ops::delta_rule_ckpt_u_offset(d) + p.N * d.H * d.n_h * d.Dv;
+    auto got = ck.download();
+    got.resize(used);
+    near(got, std::vector<float>(ck_ref.begin(), ck_ref.begin() + used), opts.tol, "chunk checkpoints");
+  }
 
   // The CUDA backward from initial gradients gx0 / gg0; returns the gradients (gg in `gg_out`).
   auto backward = [&](const std::vector<float>& gx0, const std::vector<float>& gg0, const float* ckpt,
@@ -324,6 +358,215 @@ TEST(DeltaRuleCuda, HeadDim16) {
   check(dims(3, 16, 4, 16, 16, 2, EigenRange::Signed), o);
 }
 
+// The chunked form (tensor cores) against the CPU reference, with every product in full fp32
+// precision (GemmPrecision::FP32: three TF32 products each), so that the fp32 tolerances above
+// apply: a wrong index or term is an O(1) error.
+void check_chunked(const DeltaRuleDims& dims, Opts opts) {
+  SCOPED_TRACE("chunked kernels");
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::FP32);
+  check_kernel(dims, opts, true);
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+}
+
+TEST(DeltaRuleCudaChunked, HeadDims) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check_chunked(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o);
+  check_chunked(dims(1, 130, 2, 128, 128, 1, EigenRange::Unit), o);
+  check_chunked(dims(2, 100, 3, 32, 48, 1, EigenRange::Signed), o);  // Dk != Dv, 16 columns a block
+  o.fused = true;
+  check_chunked(dims(2, 70, 2, 64, 32, 1, EigenRange::Signed), o);
+}
+
+TEST(DeltaRuleCudaChunked, GatedDeltaProduct) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.gate = true;
+  for (int nh = 1; nh <= 4; ++nh) {
+    o.seed = nh;
+    check_chunked(dims(2, 77, 2, 64, 64, nh, EigenRange::Signed), o);
+  }
+  o.g_lo = -1, o.g_hi = 0;
+  check_chunked(dims(1, 200, 2, 128, 64, 2, EigenRange::Unit), o);
+}
+
+TEST(DeltaRuleCudaChunked, HardCases) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.bl_lo = 30, o.bl_hi = 40;  // beta = 2 exactly (sigmoid rounds to 1): reflections
+  check_chunked(dims(2, 130, 2, 64, 64, 1, EigenRange::Signed), o);
+  o.bl_lo = -40, o.bl_hi = -30;  // beta -> 0
+  check_chunked(dims(2, 130, 2, 64, 64, 2, EigenRange::Signed), o);
+  o = Opts{};
+  o.gate = true, o.g_fixed = true, o.g_lo = 0;  // gates exactly 1
+  check_chunked(dims(2, 100, 2, 64, 64, 1, EigenRange::Signed), o);
+  o.g_lo = -20;  // every token forgets almost everything
+  check_chunked(dims(2, 100, 2, 64, 64, 2, EigenRange::Signed), o);
+  o = Opts{};
+  for (int T : {1, 63, 65}) {  // one token; one short of a chunk; one past it
+    check_chunked(dims(2, T, 2, 32, 32, 1, EigenRange::Signed), o);
+    check_chunked(dims(2, T, 2, 32, 32, 3, EigenRange::Unit), o);
+  }
+}
+
+TEST(DeltaRuleCudaChunked, LongSequence) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  o.tol = 1e-3;
+  check_chunked(dims(1, 16384, 1, 64, 64, 1, EigenRange::Signed), o);
+  o.gate = true, o.g_lo = -2;
+  check_chunked(dims(1, 4096, 2, 64, 64, 2, EigenRange::Signed), o);
+}
+
+// A sequence read in two pieces with the state carried (inference) equals one read whole, and
+// the CPU's carried-state forward.
+TEST(DeltaRuleCudaChunked, CarriedState) {
+  LRNN_REQUIRE_GPU();
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::FP32);
+  Opts o;
+  o.gate = true;
+  const DeltaRuleDims d = dims(2, 150, 2, 64, 64, 1, EigenRange::Signed);
+  const Problem p(d, o);
+  const size_t SS = size_t(d.B) * d.H * d.Dk * d.Dv, no = p.N * d.H * d.Dv;
+  std::vector<float> s0 = randn(SS, 3, 0.3, 9);
+  std::vector<float> o_ref(no), s_ref = s0;
+  lrnn::ops::delta_rule_forward<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                       p.b(p.x.data()), p.g.data(), d, nullptr, s_ref.data());
+  auto x = to_device(p.x), g = to_device(p.g), st = to_device(s0);
+  Buffer<float> out(no);
+  lrnn::ops::cuda::delta_rule_forward(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()),
+                                      g.data(), d, nullptr, st.data());
+  lrnn::cuda::synchronize();
+  near(out.download(), o_ref, 1e-4, "outputs from a carried state");
+  near(st.download(), s_ref, 1e-4, "the state after the sequence");
+  // Two pieces (B = 1 so that a piece is a contiguous run of tokens): 97 tokens, then 53.
+  DeltaRuleDims d1 = d, d2 = d;
+  d1.B = d2.B = 1, d1.T = 97, d2.T = 53;
+  d1.ldq = d2.ldq = d.lq(), d1.ldk = d2.ldk = d.lk(), d1.ldv = d2.ldv = d.lv(), d1.ldb = d2.ldb = d.lb();
+  std::vector<float> s_one(s0.begin(), s0.begin() + SS / 2), o_one(size_t(d.T) * d.H * d.Dv);
+  DeltaRuleDims d0 = d1;
+  d0.T = d.T;
+  lrnn::ops::delta_rule_forward<float>(o_one.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                       p.b(p.x.data()), p.g.data(), d0, nullptr, s_one.data());
+  auto st2 = to_device(std::vector<float>(s0.begin(), s0.begin() + SS / 2));
+  Buffer<float> o1(size_t(97) * d.H * d.Dv), o2(size_t(53) * d.H * d.Dv);
+  lrnn::ops::cuda::delta_rule_forward(o1.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()),
+                                      g.data(), d1, nullptr, st2.data());
+  const size_t t1 = 97;
+  lrnn::ops::cuda::delta_rule_forward(o2.data(), p.q(x.data()) + t1 * d.lq(), p.k(x.data()) + t1 * d.lk(),
+                                      p.v(x.data()) + t1 * d.lv(), p.b(x.data()) + t1 * d.lb(), g.data() + t1 * d.H,
+                                      d2, nullptr, st2.data());
+  lrnn::cuda::synchronize();
+  std::vector<float> pieces = o1.download(), second = o2.download();
+  pieces.insert(pieces.end(), second.begin(), second.end());
+  near(pieces, o_one, 1e-4, "outputs read in two pieces");
+  near(st2.download(), s_one, 1e-4, "the state after two pieces");
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
+}
+
+TEST(DeltaRuleCudaChunked, RefusesWhatItCannotDo) {
+  LRNN_REQUIRE_GPU();
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+  const DeltaRuleDims d = dims(1, 70, 1, 100, 64, 1, EigenRange::Signed);  // Dk not a multiple of 16
+  Buffer<float> buf(70 * 400);
+  EXPECT_THROW(lrnn::ops::cuda::delta_rule_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), nullptr,
+                                                   d, nullptr),
+               lrnn::Error);
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+}
+
+// The TF32 products' error. The rule: the fast path's error against an fp64 reference is at most
+// about that of a straightforward implementation at the same input precision, i.e. the fp64
+// recurrence run on the inputs rounded to TF32 (10-bit mantissa). Both errors are printed; the
+// factor asserted is written next to the assertion with what was measured.
+std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+float tf32_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;  // to nearest, 10 mantissa bits
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+template <class A, class B>
+double rel_err(const A& got, const B& want, size_t from, size_t to) {
+  double e = 0, m = 0;
+  for (size_t i = from; i < to; ++i) {
+    e = std::max(e, std::fabs(double(got[i]) - double(want[i])));
+    m = std::max(m, std::fabs(double(want[i])));
+  }
+  return e / std::max(m, 1e-30);
+}
+
+TEST(DeltaRuleCudaChunked, Tf32ErrorAgainstFp64) {
+  LRNN_REQUIRE_GPU();
+  for (const bool gate : {false, true}) {
+    Opts o;
+    o.gate = gate, o.g_lo = -2;
+    const DeltaRuleDims d = dims(2, 1024, 2, 128, 128, 1, EigenRange::Signed);
+    SCOPED_TRACE(gate ? "gated" : "no gate");
+    const Problem p(d, o);
+    const size_t no = p.N * d.H * d.Dv;
+    // fp64 on the exact inputs, and on the inputs rounded to TF32 (q, k, v: what the products read).
+    auto run64 = [&](const std::vector<double>& x, std::vector<double>& gx, std::vector<double>& gg) {
+      std::vector<double> out(no), g(p.g.begin(), p.g.end());
+      const double* gp = gate ? g.data() : nullptr;
+      const double* xb = x.data();
+      lrnn::ops::delta_rule_forward<double>(out.data(), xb + p.off_q, xb + p.off_k, xb + p.off_v, xb + p.off_b, gp, d);
+      gx.assign(x.size(), 0.0);
+      gg.assign(p.g.size(), 0.0);
+      std::vector<double> dout(p.dout.begin(), p.dout.end());
+      lrnn::ops::delta_rule_backward<double>(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                             gx.data() + p.off_b, gate ? gg.data() : nullptr, dout.data(),
+                                             xb + p.off_q, xb + p.off_k, xb + p.off_v, xb + p.off_b, gp, d);
+      return out;
+    };
+    std::vector<double> gx64, gg64, gxr, ggr;
+    const auto o64 = run64(to_double(p.x), gx64, gg64);
+    std::vector<double> xr = to_double(p.x);
+    for (size_t i = 0; i < p.off_b; ++i) xr[i] = tf32_round(p.x[i]);
+    const auto orr = run64(xr, gxr, ggr);
+    // The chunked form at TF32.
+    lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+    auto x = to_device(p.x), dout = to_device(p.dout);
+    Buffer<float> g;
+    if (gate) g = to_device(p.g);
+    Buffer<float> out(no), ck(lrnn::ops::delta_rule_ckpt_size(d)), gx(p.x.size()), gg(std::max<size_t>(1, p.g.size()));
+    const float* gp = gate ? g.data() : nullptr;
+    lrnn::ops::cuda::delta_rule_forward(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gp, d,
+                                        ck.data());
+    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                         gx.data() + p.off_b, gate ? gg.data() : nullptr, dout.data(), p.q(x.data()),
+                                         p.k(x.data()), p.v(x.data()), p.b(x.data()), gp, d, ck.data(), false);
+    lrnn::cuda::synchronize();
+    lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+    const auto o32 = out.download(), gx32 = gx.download(), gg32 = gg.download();
+    struct Part {
+      const char* name;
+      size_t from, to;
+    };
+    std::vector<Part> parts = {{"dq", p.off_q, p.off_k}, {"dk", p.off_k, p.off_v}, {"dv", p.off_v, p.off_b},
+                               {"dbeta", p.off_b, p.x.size()}};
+    const double eo = rel_err(o32, o64, 0, no), eo_ref = rel_err(orr, o64, 0, no);
+    std::printf("  TF32 %s: o %.2e (tf32 inputs %.2e, x%.1f)", gate ? "gated" : "no gate", eo, eo_ref, eo / eo_ref);
+    double worst = eo / eo_ref;
+    for (const Part& q : parts) {
+      const double e = rel_err(gx32, gx64, q.from, q.to), er = rel_err(gxr, gx64, q.from, q.to);
+      std::printf(", %s %.2e (%.2e, x%.1f)", q.name, e, er, e / er);
+      worst = std::max(worst, e / er);
+    }
+    if (gate) {
+      const double e = rel_err(gg32, gg64, 0, p.g.size()), er = rel_err(ggr, gg64, 0, p.g.size());
+      std::printf(", dg %.2e (%.2e, x%.1f)", e, er, e / er);
+      worst = std::max(worst, e / er);
+    }
+    std::printf("\n");
+    // Not yet measured on a GPU: a first bound, to be replaced by the measured factor.
+    EXPECT_LE(worst, 8.0) << "the TF32 chunked form's error is more than 8x that of TF32 inputs";
+  }
+}
+
 // Not a correctness test: times forward and backward (run with --gtest_also_run_disabled_tests).
 void time_case(const DeltaRuleDims& d, bool gate) {
   const size_t N = size_t(d.B) * d.T;
@@ -359,12 +602,20 @@ void time_case(const DeltaRuleDims& d, bool gate) {
   const double tw = time(bwd);
   std::printf("B=%d T=%d H=%d Dk=%d Dv=%d n_h=%d%s: forward %.1f us, backward %.1f us (overwriting: %.1f us)\n",
               d.B, d.T, d.H, d.Dk, d.Dv, d.n_h, gate ? " gate" : "", tf, tb, tw);
+  // LRNN_CUDA_PROFILE=1: the kernels' shares (per call, over the timed and warm-up calls).
+  for (const auto& op : lrnn::cuda::profile())
+    std::printf("    %-28s %8.1f us\n", op.name.c_str(), 1000.0 * op.ms / std::max<int64_t>(1, op.calls));
+  lrnn::cuda::reset_profile();
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }
 
+// LRNN_TIMING_CHUNKED_ONLY=1: only the chunked form at the language-model shapes (with
+// LRNN_CUDA_PROFILE=1, each kernel's time: the profiler synchronises after every kernel).
 TEST(DeltaRuleCuda, DISABLED_Timing) {
   LRNN_REQUIRE_GPU();
+  const bool chunked_only = std::getenv("LRNN_TIMING_CHUNKED_ONLY") != nullptr;
+  if (!chunked_only) {
   time_case(dims(256, 40, 4, 32, 32, 1, EigenRange::Signed), false);  // P1 parity training step
   time_case(dims(1024, 40, 4, 32, 32, 1, EigenRange::Signed), false);
   time_case(dims(256, 40, 4, 32, 32, 2, EigenRange::Signed), true);
@@ -372,6 +623,21 @@ TEST(DeltaRuleCuda, DISABLED_Timing) {
   time_case(dims(64, 256, 4, 64, 64, 1, EigenRange::Signed), false);
   time_case(dims(64, 256, 4, 128, 128, 1, EigenRange::Signed), false);
   time_case(dims(64, 256, 4, 128, 128, 2, EigenRange::Signed), true);
+  }
+  // Language-model shapes, the recurrent (tiled) kernels and the chunked form, for the crossover.
+  for (const auto kernel : {lrnn::ops::cuda::DeltaKernel::Tiled, lrnn::ops::cuda::DeltaKernel::Chunked}) {
+    if (chunked_only && kernel == lrnn::ops::cuda::DeltaKernel::Tiled) continue;
+    lrnn::ops::cuda::set_delta_rule_kernel(kernel);
+    std::printf("%s:\n", kernel == lrnn::ops::cuda::DeltaKernel::Tiled ? "recurrent (tiled)" : "chunked");
+    for (int T : {64, 128, 256, 512, 2048}) time_case(dims(8, T, 8, 128, 128, 1, EigenRange::Signed), false);
+    time_case(dims(8, 512, 16, 64, 64, 1, EigenRange::Signed), false);
+    time_case(dims(8, 2048, 8, 128, 128, 1, EigenRange::Signed), true);
+    time_case(dims(8, 2048, 8, 128, 128, 2, EigenRange::Signed), true);
+    time_case(dims(8, 2048, 8, 128, 128, 3, EigenRange::Signed), true);
+    time_case(dims(8, 4096, 16, 128, 128, 1, EigenRange::Signed), false);
+    time_case(dims(4, 2048, 16, 128, 128, 1, EigenRange::Signed), false);
+  }
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
 
 }  // namespace

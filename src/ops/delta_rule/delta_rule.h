@@ -45,8 +45,15 @@ constexpr int kDeltaChunk = 16;
 //                                       delta_rule_ckpt_u_offset(d) on
 // The backward may use any of it (the CUDA lane kernels walk back from the end states with the
 // stored u; the others recompute inside each chunk from its start state).
+// The buffer is large enough for the GPU's chunked form too (delta_rule_chunked_cuda.cu), which
+// keeps its own layout in it: the state before each of its chunks of
+// delta_rule_gpu_chunk_tokens(n_h) tokens and after the last, [B*H][nchunks + 1][Dk*Dv], then U~
+// (the chunk's corrected values) [B*H*nchunks][kGpuChunkEvents][Dv].
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d);
 size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d);
+constexpr int kGpuChunkEvents = 64;
+int delta_rule_gpu_chunk_tokens(int n_h);  // 64 / n_h tokens (at least 1)
+size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d);
 
 // ckpt (optional): receives the checkpoints above.
 // state (optional, inference: not with ckpt) [B,H,Dk,Dv]: the recurrence starts from it instead of

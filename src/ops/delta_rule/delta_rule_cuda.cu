@@ -1219,10 +1219,27 @@ void run_backward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPA
 
 void set_delta_rule_kernel(DeltaKernel k) { g_kernel.store(int(k)); }
 
+// Measured crossover (tests/cuda DeltaRuleCuda.DISABLED_Timing, forward + backward): see
+// delta_rule_chunked_cuda_pays' comment in delta_rule_chunked_cuda.cu.
+namespace {
+bool chunked(const DeltaRuleDims& d, bool gated) {
+  switch (DeltaKernel(g_kernel.load())) {
+    case DeltaKernel::Chunked: return true;
+    case DeltaKernel::Tiled: return false;
+    default: return delta_rule_chunked_cuda_pays(d, gated);
+  }
+}
+}  // namespace
+
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                         const float* g, const DeltaRuleDims& d, float* ckpt, float* state) {
-  LRNN_DELTA_REQUIRE(!state);  // a carried state is CPU-only
   check_dims(d);
+  // A carried state (inference: a sequence read piece by piece) is the chunked form's.
+  if (state || chunked(d, g != nullptr)) {
+    LRNN_DELTA_REQUIRE(delta_rule_chunked_cuda_applies(d));  // head dims multiples of 16, <= 128
+    delta_rule_forward_chunked(o, q, k, v, beta_logit, g, d, ckpt, state);
+    return;
+  }
   if (d.B == 0 || d.T == 0) return;
   Args a = make_args(d);
   a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g;
@@ -1236,6 +1253,11 @@ void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, fl
   check_dims(d);
   if (d.B == 0 || d.T == 0) return;
   LRNN_DELTA_REQUIRE(!g || dg);  // a forget gate needs its gradient
+  if (chunked(d, g != nullptr)) {
+    LRNN_DELTA_REQUIRE(delta_rule_chunked_cuda_applies(d));
+    delta_rule_backward_chunked(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, ckpt, accumulate);
+    return;
+  }
   Args a = make_args(d);
   a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g, a.dout = dout;
   a.dq = dq, a.dk = dk, a.dv = dv, a.dbl = dbeta_logit, a.dg = dg;

@@ -8,14 +8,29 @@
 namespace lrnn::ops::cuda {
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                         const float* g, const DeltaRuleDims& d, float* ckpt = nullptr,
-                        float* state = nullptr);  // state: CPU-only for now (must be null)
+                        float* state = nullptr);  // state: the chunked path only (see below)
 void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
                          const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
                          const DeltaRuleDims& d, const float* ckpt = nullptr, bool accumulate = true);
 
-// Which kernels run. Auto: the lane kernels (one warp per (b,h), a state column per lane) where
-// they apply (Dk <= 32 and Dv <= 32), the tiled kernels elsewhere. Tiled: always the tiled
-// kernels (lets the tests check both on the same shapes). Process-wide; not for concurrent use.
-enum class DeltaKernel { Auto, Tiled };
+// Which kernels run. Auto: the chunked form on tensor cores where it pays
+// (delta_rule_chunked_cuda_pays: long sequences at head dims >= 64), else the lane kernels (one
+// warp per (b,h), a state column per lane) where they apply (Dk <= 32 and Dv <= 32), else the
+// tiled kernels. Tiled / Chunked: always those (the tests check every path on the same shapes).
+// Process-wide; not for concurrent use.
+enum class DeltaKernel { Auto, Tiled, Chunked };
 void set_delta_rule_kernel(DeltaKernel k);
+
+// The chunked (WY) form on tensor cores (delta_rule_chunked_cuda.cu): the same contract, for
+// head dims that are multiples of 16 whose per-chunk tiles fit shared memory (up to 128) and
+// n_h <= 64. It alone carries a state in and out (`state`, inference). Its checkpoints use their
+// own layout in the same buffer (delta_rule.h), so forward and backward must take the same path
+// (the choice depends only on the dims and whether there is a gate).
+bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d);
+bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool gated);
+void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
+                                const float* g, const DeltaRuleDims& d, float* ckpt, float* state);
+void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
+                                 const float* q, const float* k, const float* v, const float* beta_logit,
+                                 const float* g, const DeltaRuleDims& d, const float* ckpt, bool accumulate);
 }  // namespace lrnn::ops::cuda

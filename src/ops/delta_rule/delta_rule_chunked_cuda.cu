@@ -1,0 +1,905 @@
+// The delta rule in chunked (WY) form on tensor cores: the contract of delta_rule_cuda.h for long
+// sequences at language-model head sizes, where the recurrent kernels (delta_rule_cuda.cu) leave
+// the tensor cores idle. The math is delta_rule_chunked_cpu.cpp's, chunk for chunk:
+//
+// The sub-steps of all tokens form one sequence of events e (token t, sub-step j = e mod n_h). A
+// chunk holds Ct = 64 / n_h tokens, so at most 64 events (rows, zero-padded to 64). With G_i the
+// cumulative log decay inside the chunk (the token's gate on its first sub-step), gamma_i =
+// exp(G_i), and S0 the state at the chunk's start:
+//   A_ij = (k_i . k_j) exp(G_i - G_j) (j < i),  M = I + diag(beta) A,  Tinv = M^-1
+//   W = Tinv diag(beta gamma) K,  U = Tinv diag(beta) V,  U~ = U - W S0
+//   o_r = scale (gamma_r S0^T q_r + sum_{j <= r} (q_r . k_j) exp(G_r - G_j) u~_j)  (reading events)
+//   S_next = gamma_63 S0 + K^T diag(exp(G_63 - G)) U~
+// Kernels (each a grid of thread blocks of 8 warps; every product is a 16x16x8 TF32 MMA from
+// nvcuda::wmma with fp32 accumulation, operands read from shared or global memory):
+//   prep     one block per chunk: gathers K, Q (zero-padded, contiguous), beta, G; forms A, the
+//            inverse Tinv (a forward substitution, one column per warp at a time, in fp32), W, U
+//   state    one block per (b, h, block of state columns), walking the chunks in order: stores
+//            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
+//            shared memory)
+//   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~)
+// Backward: prep again, then
+//   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
+//            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~)
+//   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
+//            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic)
+//
+// Error analysis. Tinv is exact arithmetic's M^-1, computed in fp32 by substitution; its entries
+// are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
+// beta <= 2), so bounded, and beta up to 2 does not make them grow. Every matrix product rounds its
+// inputs to TF32 (10-bit mantissa, relative error 2^-11) and accumulates in fp32; the state,
+// Tinv and all accumulators stay fp32, and G sums in double (as on the CPU). The state is carried
+// from chunk to chunk by one product each, so the rounding grows with the number of chunks (T/64),
+// not tokens. With GemmPrecision::FP32 every product runs as three TF32 products (the operands
+// split into a TF32 part and a TF32 remainder: fp32-level accuracy), which is what the tests use
+// to compare against the CPU reference at fp32 tolerance; the TF32 error against an fp64 reference
+// is measured in tests/cuda/test_delta_rule_cuda.cpp against that of the recurrence run on
+// TF32-rounded inputs.
+#include <cuda_pipeline.h>
+#include <mma.h>
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+#include "cuda/runtime.h"
+#include "ops/delta_rule/delta_rule_cuda.h"
+
+#define LRNN_CHUNKED_REQUIRE(cond)                                                                      \
+  do {                                                                                                  \
+    if (!(cond)) ::lrnn::cuda::fail(cudaErrorInvalidValue, "CUDA chunked delta rule: " #cond, __FILE__, __LINE__); \
+  } while (0)
+
+namespace lrnn::ops::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+constexpr int kE = kGpuChunkEvents;  // event rows per chunk (64)
+constexpr int kLdE = kE + 4;         // leading dimension of 64 x 64 tiles in shared memory
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+template <bool T_>
+using LayoutOf = std::conditional_t<T_, wmma::col_major, wmma::row_major>;
+template <bool AT>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutOf<AT>>;
+template <bool BT>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutOf<BT>>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+// Rounds a fragment to TF32; PRECISE: the remainder (x - tf32(x), itself in TF32) goes to `lo`.
+template <bool PRECISE, class F>
+__device__ __forceinline__ void to_tf32(F& hi, F& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float x = hi.x[i], h = wmma::__float_to_tf32(x);
+    hi.x[i] = h;
+    if (PRECISE) lo.x[i] = wmma::__float_to_tf32(x - h);
+  }
+}
+
+// Writes one accumulator tile: alpha acc + beta cin (cin's tile at the same place, if given).
+__device__ __forceinline__ void put_tile(FragC& acc, float* out, int ldo, const float* cin, int ldc, int m0, int n0,
+                                         float alpha, float beta) {
+  if (cin) {
+    FragC c;
+    wmma::load_matrix_sync(c, cin + size_t(m0) * ldc + n0, ldc, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = alpha * acc.x[i] + beta * c.x[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= alpha;
+  }
+  wmma::store_matrix_sync(out + size_t(m0) * ldo + n0, acc, ldo, wmma::mem_row_major);
+}
+
+// out[M x N] = alpha op(A) op(B) + beta cin, by all warps of the block. op(A) is M x K: A[m*lda + k],
+// or with AT A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with BT B[n*ldb + k]. M, N multiples of
+// 16, K of 8; pointers 32-byte aligned, leading dims multiples of 4. cin may be out (each tile reads
+// only its own part of it), but A and B must not alias out. No barrier inside: the caller
+// synchronises around it.
+// A warp computes a strip of 16 x 32 (two tiles sharing the A fragment; 16 x 16 where N is not a
+// multiple of 32), the k loop unrolled by two: up to six fragment loads in flight per warp, which is
+// what hides the latency where an operand comes from global memory (L2).
+template <bool AT, bool BT, bool PRECISE>
+__device__ void mm(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
+                   float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
+  const int warp = threadIdx.x >> 5;
+  auto a_at = [&](int m0, int k0) { return AT ? A + size_t(k0) * lda + m0 : A + size_t(m0) * lda + k0; };
+  auto b_at = [&](int k0, int n0) { return BT ? B + size_t(n0) * ldb + k0 : B + size_t(k0) * ldb + n0; };
+  if ((N & 31) == 0) {
+    const int sn = N >> 5, strips = (M >> 4) * sn;
+    for (int t = warp; t < strips; t += kWarps) {
+      const int m0 = (t / sn) << 4, n0 = (t % sn) << 5;
+      FragC acc0, acc1;
+      wmma::fill_fragment(acc0, 0.f);
+      wmma::fill_fragment(acc1, 0.f);
+#pragma unroll 2
+      for (int k0 = 0; k0 < K; k0 += 8) {
+        FragA<AT> a, al;
+        FragB<BT> b0, b0l, b1, b1l;
+        wmma::load_matrix_sync(a, a_at(m0, k0), lda);
+        wmma::load_matrix_sync(b0, b_at(k0, n0), ldb);
+        wmma::load_matrix_sync(b1, b_at(k0, n0 + 16), ldb);
+        to_tf32<PRECISE>(a, al);
+        to_tf32<PRECISE>(b0, b0l);
+        to_tf32<PRECISE>(b1, b1l);
+        if (PRECISE) {
+          wmma::mma_sync(acc0, al, b0, acc0);
+          wmma::mma_sync(acc0, a, b0l, acc0);
+          wmma::mma_sync(acc1, al, b1, acc1);
+          wmma::mma_sync(acc1, a, b1l, acc1);
+        }
+        wmma::mma_sync(acc0, a, b0, acc0);
+        wmma::mma_sync(acc1, a, b1, acc1);
+      }
+      put_tile(acc0, out, ldo, cin, ldc, m0, n0, alpha, beta);
+      put_tile(acc1, out, ldo, cin, ldc, m0, n0 + 16, alpha, beta);
+    }
+    return;
+  }
+  const int tn = N >> 4, tiles = (M >> 4) * tn;
+  for (int t = warp; t < tiles; t += kWarps) {
+    const int m0 = (t / tn) << 4, n0 = (t % tn) << 4;
+    FragC acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      FragA<AT> a, al;
+      FragB<BT> b, bl;
+      wmma::load_matrix_sync(a, a_at(m0, k0), lda);
+      wmma::load_matrix_sync(b, b_at(k0, n0), ldb);
+      to_tf32<PRECISE>(a, al);
+      to_tf32<PRECISE>(b, bl);
+      if (PRECISE) {
+        wmma::mma_sync(acc, al, b, acc);
+        wmma::mma_sync(acc, a, bl, acc);
+      }
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    put_tile(acc, out, ldo, cin, ldc, m0, n0, alpha, beta);
+  }
+}
+
+// Starts copying a rows x cols tile (cols a multiple of 4, both sides 16-byte aligned rows) from
+// global into shared memory (cp.async, 16 bytes a copy); the caller commits and waits.
+__device__ __forceinline__ void copy_async(float* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
+  const int c4 = cols >> 2;
+  for (int x = threadIdx.x; x < rows * c4; x += blockDim.x) {
+    const int r = x / c4, c = (x % c4) << 2;
+    __pipeline_memcpy_async(dst + r * ldd + c, src + r * lds + c, 16);
+  }
+}
+
+// Row gathers and scatters between the caller's strided tensors and contiguous tiles. rowoff(i) is
+// the element offset of row i's first element in the strided tensor, or -1 for a row that is not
+// there (gathered as zeros, not scattered). Four elements in flight per thread: the loads are all
+// issued before any store (the stores could alias them as far as the compiler knows).
+template <class RowOff>
+__device__ void gather_rows(float* sdst, int ldd, float* gdst, const float* src, int rows, int cols, RowOff rowoff,
+                            const float* rowscale = nullptr) {
+  const int n = rows * cols;
+  for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int x = base + u * blockDim.x;
+      const long long off = x < n ? rowoff(x / cols) : -1;
+      v[u] = off >= 0 ? src[off + x % cols] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int x = base + u * blockDim.x;
+      if (x >= n) break;
+      const int r = x / cols, col = x % cols;
+      const float val = rowscale ? rowscale[r] * v[u] : v[u];
+      if (sdst) sdst[r * ldd + col] = val;
+      if (gdst) gdst[x] = val;
+    }
+  }
+}
+template <class RowOff>
+__device__ void scatter_rows(float* dst, const float* src, int lds, int rows, int cols, bool accumulate, RowOff rowoff) {
+  const int n = rows * cols;
+  for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
+    float old[4];
+    long long off[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int x = base + u * blockDim.x;
+      off[u] = x < n ? rowoff(x / cols) : -1;
+      if (off[u] >= 0) off[u] += x % cols;
+      old[u] = accumulate && off[u] >= 0 ? dst[off[u]] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int x = base + u * blockDim.x;
+      if (off[u] >= 0) dst[off[u]] = old[u] + src[(x / cols) * lds + x % cols];
+    }
+  }
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+
+struct Args {
+  const float *q, *k, *v, *bl, *g, *dout;
+  float *o, *dq, *dk, *dv, *dbl, *dg;
+  long long lq, lk, lv, lb;      // token strides
+  int T, H, Dk, Dv, nh;
+  int Ct, NC, Rp;                // tokens per chunk, chunks per sequence, query rows (Ct rounded up to 16)
+  int BV;                        // state columns per block (state, output, dstate kernels)
+  float bscale, scale;
+  bool accumulate;
+  // Per chunk ch = bh * NC + c (the workspace):
+  float *Kc, *Qc, *W, *U, *Tm, *beta;  // [ch][64][Dk], [ch][Rp][Dk], [ch][64][Dk], [ch][64][Dv], [ch][64][64], [ch][64]
+  double* G;                            // [ch][64]
+  float *dS, *dUt;                      // backward: [ch][Dk][Dv] (dL/dS after the chunk), [ch][64][Dv]
+  // The checkpoints (delta_rule_gpu_chunked_ckpt_size): states [bh][NC+1][Dk][Dv], then U~ [ch][64][Dv].
+  float *states, *Ut;
+  float* state_io;                      // forward: carried state [bh][Dk][Dv] (in and out), or null
+};
+
+// Where event i (row i of chunk c) and reading row r live.
+struct Ev {
+  int t, j;
+  bool ok;
+};
+__device__ __forceinline__ Ev event(const Args& a, int c, int i) {
+  const int tok = i / a.nh;
+  Ev e{c * a.Ct + tok, i % a.nh, false};
+  e.ok = i < a.Ct * a.nh && e.t < a.T;
+  return e;
+}
+__device__ __forceinline__ bool row_ok(const Args& a, int c, int r) { return r < a.Ct && c * a.Ct + r < a.T; }
+// Events of one token share no gate (see delta_rule_chunked_cpu.cpp: such decay terms get no gate
+// gradient); padding rows count as the chunk's last real token.
+__device__ __forceinline__ int token_of(const Args& a, int c, int i) {
+  const int last = min(a.Ct, a.T - c * a.Ct) * a.nh - 1;
+  return min(i, last) / a.nh;
+}
+__device__ __forceinline__ size_t tok_index(const Args& a, int b, int t) { return size_t(b) * a.T + t; }
+
+// Element offsets of an event's key / value row, a reading row's query row, and a token's output
+// row (the head's slice, column 0), or -1 where the chunk has no such event or row.
+__device__ __forceinline__ long long key_row(const Args& a, int b, int h, int c, int i) {
+  const Ev e = event(a, c, i);
+  return e.ok ? (long long)(tok_index(a, b, e.t) * a.lk + (size_t(e.j) * a.H + h) * a.Dk) : -1;
+}
+__device__ __forceinline__ long long value_row(const Args& a, int b, int h, int c, int i) {
+  const Ev e = event(a, c, i);
+  return e.ok ? (long long)(tok_index(a, b, e.t) * a.lv + (size_t(e.j) * a.H + h) * a.Dv) : -1;
+}
+__device__ __forceinline__ long long query_row(const Args& a, int b, int h, int c, int r) {
+  return row_ok(a, c, r) ? (long long)(tok_index(a, b, c * a.Ct + r) * a.lq + size_t(h) * a.Dk) : -1;
+}
+__device__ __forceinline__ long long out_row(const Args& a, int b, int h, int c, int r) {
+  return row_ok(a, c, r) ? (long long)((tok_index(a, b, c * a.Ct + r) * a.H + h) * a.Dv) : -1;
+}
+
+// Loads G of chunk ch into shared memory (and D_i = exp(G_63 - G_i), gamma_i = exp(G_i)).
+__device__ void load_decays(const Args& a, size_t ch, double* G, float* gam, float* D) {
+  for (int i = threadIdx.x; i < kE; i += blockDim.x) G[i] = a.G[ch * kE + i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kE; i += blockDim.x) {
+    gam[i] = expf(float(G[i]));
+    D[i] = expf(float(G[kE - 1] - G[i]));
+  }
+}
+
+// ---- prep: one block per chunk (grid NC x BH) ----
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const size_t ch = size_t(bh) * a.NC + c;
+  const int Dk = a.Dk, Dv = a.Dv, ldx = max(Dk, Dv) + 4, tid = threadIdx.x;
+  float* X = sm;               // [64][ldx]: K, then diag(beta gamma) K, then diag(beta) V
+  float* As = X + kE * ldx;    // [64][kLdE]: K K^T
+  float* Mt = As + kE * kLdE;  // [64][kLdE]: M transposed (Mt[j][i] = M_ij, strictly lower M)
+  float* Tn = Mt + kE * kLdE;  // [64][kLdE]: Tinv
+  __shared__ double G[kE];
+  __shared__ float beta[kE], gam[kE];
+
+  gather_rows(X, ldx, a.Kc + ch * kE * Dk, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+  gather_rows(nullptr, 0, a.Qc + ch * size_t(a.Rp) * Dk, a.q, a.Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
+  if (tid < kE) {
+    const Ev e = event(a, c, tid);
+    beta[tid] = e.ok ? a.bscale * sigmoidf(a.bl[tok_index(a, b, e.t) * a.lb + size_t(e.j) * a.H + h]) : 0.f;
+    gam[tid] = a.g && e.ok && e.j == 0 ? a.g[tok_index(a, b, e.t) * a.H + h] : 0.f;  // the event's gate
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double acc = 0;
+    for (int i = 0; i < kE; ++i) G[i] = acc += double(gam[i]);
+  }
+  __syncthreads();
+  if (tid < kE) {
+    gam[tid] = expf(float(G[tid]));
+    a.G[ch * kE + tid] = G[tid];
+    a.beta[ch * kE + tid] = beta[tid];
+  }
+  mm<false, true, PRECISE>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
+  __syncthreads();
+  for (int x = tid; x < kE * kE; x += blockDim.x) {
+    const int i = x / kE, j = x % kE;
+    Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * expf(float(G[i] - G[j])) : 0.f;
+  }
+  __syncthreads();
+  // Tinv = (I + M)^-1 column by column: x_j = delta_jc - sum_{m<j} M_jm x_m. Warp w solves columns
+  // w, w+8, ... at once; lane l keeps the running sums of rows l and l+32.
+  {
+    const int warp = tid >> 5, lane = tid & 31;
+    constexpr int QN = kE / kWarps;
+    float s0[QN], s1[QN];
+#pragma unroll
+    for (int qq = 0; qq < QN; ++qq) s0[qq] = s1[qq] = 0.f;
+    for (int j = 0; j < kE; ++j) {
+      const float m0 = Mt[j * kLdE + lane], m1 = Mt[j * kLdE + lane + 32];
+      const int owner = j & 31;
+      const bool hi = j >= 32;
+#pragma unroll
+      for (int qq = 0; qq < QN; ++qq) {
+        const int col = warp + kWarps * qq;
+        const float cand = hi ? float(lane + 32 == col) - s1[qq] : float(lane == col) - s0[qq];
+        const float xj = __shfl_sync(kFull, cand, owner);
+        if (lane == owner) Tn[j * kLdE + col] = xj;
+        s0[qq] += m0 * xj;
+        s1[qq] += m1 * xj;
+      }
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < kE * Dk; x += blockDim.x) {
+    const int i = x / Dk, col = x % Dk;
+    X[i * ldx + col] *= beta[i] * gam[i];
+  }
+  __syncthreads();
+  mm<false, false, PRECISE>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
+  __syncthreads();
+  gather_rows(X, ldx, nullptr, a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); }, beta);
+  __syncthreads();
+  mm<false, false, PRECISE>(a.U + ch * kE * Dv, Dv, Tn, kLdE, X, ldx, kE, Dv, kE, 1.f);
+  float* Tg = a.Tm + ch * kE * kE;
+  for (int x = tid; x < kE * kE; x += blockDim.x) Tg[x] = Tn[(x / kE) * kLdE + x % kE];
+}
+
+// ---- state: one block per (column block, bh), chunks in order ----
+// The chunk's W, K and U columns are staged in shared memory with cp.async, two chunks deep: the
+// next chunk's copies run while this one computes (the walk is sequential, so load latency would
+// otherwise add up chunk after chunk).
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int BV = a.BV, ldS = BV + 4, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
+  const int ldK = Dk + 4, stage_floats = 2 * kE * ldK + kE * ldS;
+  float* S = sm;                  // [Dk][ldS]
+  float* Us = S + Dk * ldS;       // [64][ldS]
+  float* stages = Us + kE * ldS;  // 2 x (W [64][ldK] | K [64][ldK] | U [64][ldS])
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE];
+  auto issue = [&](int c) {
+    float* st = stages + (c & 1) * stage_floats;
+    const size_t ch = size_t(bh) * a.NC + c;
+    copy_async(st, ldK, a.W + ch * kE * Dk, Dk, kE, Dk);
+    copy_async(st + kE * ldK, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
+    copy_async(st + 2 * kE * ldK, ldS, a.U + ch * kE * Dv + c0, Dv, kE, BV);
+  };
+  const float* init = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
+  for (int x = tid; x < Dk * BV; x += blockDim.x) S[(x / BV) * ldS + x % BV] = init ? init[(x / BV) * Dv + c0 + x % BV] : 0.f;
+  issue(0);
+  __pipeline_commit();
+  for (int c = 0; c < a.NC; ++c) {
+    const size_t ch = size_t(bh) * a.NC + c;
+    __syncthreads();  // S is final; the stage refilled below is no longer read
+    if (c + 1 < a.NC) issue(c + 1);
+    __pipeline_commit();
+    float* st = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
+    for (int x = tid; x < Dk * BV; x += blockDim.x) st[(x / BV) * Dv + c0 + x % BV] = S[(x / BV) * ldS + x % BV];
+    load_decays(a, ch, G, gam, D);
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    const float* Ws = stages + (c & 1) * stage_floats;
+    const float* Ks = Ws + kE * ldK;
+    const float* Ub = Ks + kE * ldK;
+    mm<false, false, PRECISE>(Us, ldS, Ws, ldK, S, ldS, kE, BV, Dk, -1.f, Ub, ldS, 1.f);
+    __syncthreads();
+    float* ut = a.Ut + ch * kE * Dv;
+    for (int x = tid; x < kE * BV; x += blockDim.x) {
+      const int i = x / BV, col = x % BV;
+      const float u = Us[i * ldS + col];
+      ut[i * Dv + c0 + col] = u;
+      Us[i * ldS + col] = u * D[i];
+    }
+    __syncthreads();
+    mm<true, false, PRECISE>(S, ldS, Ks, ldK, Us, ldS, Dk, BV, kE, 1.f, S, ldS, gam[kE - 1]);
+  }
+  __syncthreads();
+  float* st = a.states + (size_t(bh) * (a.NC + 1) + a.NC) * Dk * Dv;
+  float* fin = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
+  for (int x = tid; x < Dk * BV; x += blockDim.x) {
+    const float s = S[(x / BV) * ldS + x % BV];
+    st[(x / BV) * Dv + c0 + x % BV] = s;
+    if (fin) fin[(x / BV) * Dv + c0 + x % BV] = s;
+  }
+}
+
+// P = scale (Q K^T) . exp(G_row - G_j) for j <= row (the reading event of row r), else 0; Q [Rp][ldq]
+// and K [64][ldk] staged in shared memory.
+template <bool PRECISE>
+__device__ void form_p(const Args& a, int c, const float* Q, const float* K, int ld, float* Ps, const double* G) {
+  mm<false, true, PRECISE>(Ps, kLdE, Q, ld, K, ld, a.Rp, kE, a.Dk, 1.f);
+  __syncthreads();
+  for (int x = threadIdx.x; x < a.Rp * kE; x += blockDim.x) {
+    const int r = x / kE, j = x % kE, row = r * a.nh + a.nh - 1;
+    float& p = Ps[r * kLdE + j];
+    p = row_ok(a, c, r) && j <= row ? p * a.scale * expf(float(G[row] - G[j])) : 0.f;
+  }
+}
+
+// ---- output: one block per (chunk, bh, column block) ----
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4;
+  const int c0 = blockIdx.z * BV, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x, ldK = Dk + 4;
+  const size_t ch = size_t(bh) * a.NC + c;
+  float* Qs = sm;                   // [Rp][ldK]
+  float* Ks = Qs + a.Rp * ldK;      // [64][ldK]
+  float* S0 = Ks + kE * ldK;        // [Dk][ldS]
+  float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
+  float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
+  float* Os = Ps + a.Rp * kLdE;     // [Rp][ldS]
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE];
+  copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
+  copy_async(Ks, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
+  copy_async(S0, ldS, a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, Dk, BV);
+  copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
+  __pipeline_commit();
+  load_decays(a, ch, G, gam, D);
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  mm<false, false, PRECISE>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
+  form_p<PRECISE>(a, c, Qs, Ks, ldK, Ps, G);  // (its barrier also orders Os)
+  for (int x = tid; x < a.Rp * BV; x += blockDim.x) {
+    const int r = x / BV;
+    Os[r * ldS + x % BV] *= row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f;
+  }
+  __syncthreads();
+  mm<false, false, PRECISE>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, 1.f, Os, ldS, 1.f);
+  __syncthreads();
+  for (int x = tid; x < a.Rp * BV; x += blockDim.x) {
+    const int r = x / BV, col = x % BV;
+    if (row_ok(a, c, r)) a.o[(tok_index(a, b, c * a.Ct + r) * a.H + h) * Dv + c0 + col] = Os[r * ldS + col];
+  }
+}
+
+// ---- dstate: one block per (column block, bh), chunks in reverse ----
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4, c0 = blockIdx.x * BV;
+  const int Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x, ldK = Dk + 4;
+  float* dS = sm;                   // [Dk][ldS]
+  float* Ps = dS + Dk * ldS;        // [Rp][kLdE]
+  float* dO = Ps + a.Rp * kLdE;     // [Rp][ldS]
+  float* dU = dO + a.Rp * ldS;      // [64][ldS]
+  float* Ks = dU + kE * ldS;        // [64][ldK]
+  float* Qs = Ks + kE * ldK;        // [Rp][ldK]
+  float* Ws = Qs + a.Rp * ldK;      // [64][ldK]
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE];
+  for (int x = tid; x < Dk * ldS; x += blockDim.x) dS[x] = 0.f;
+  for (int c = a.NC - 1; c >= 0; --c) {
+    const size_t ch = size_t(bh) * a.NC + c;
+    __syncthreads();
+    copy_async(Ks, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
+    copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
+    copy_async(Ws, ldK, a.W + ch * kE * Dk, Dk, kE, Dk);
+    __pipeline_commit();
+    float* dst = a.dS + ch * Dk * Dv;
+    for (int x = tid; x < Dk * BV; x += blockDim.x) dst[(x / BV) * Dv + c0 + x % BV] = dS[(x / BV) * ldS + x % BV];
+    gather_rows(dO, ldS, nullptr, a.dout, a.Rp, BV, [&](int r) {
+      const long long o = out_row(a, b, h, c, r);
+      return o < 0 ? o : o + c0;
+    });
+    load_decays(a, ch, G, gam, D);
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    mm<false, false, PRECISE>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
+    form_p<PRECISE>(a, c, Qs, Ks, ldK, Ps, G);  // (its barrier also orders dU)
+    for (int x = tid; x < kE * BV; x += blockDim.x) dU[(x / BV) * ldS + x % BV] *= D[x / BV];
+    __syncthreads();
+    mm<true, false, PRECISE>(dU, ldS, Ps, kLdE, dO, ldS, kE, BV, a.Rp, 1.f, dU, ldS, 1.f);  // += P^T dO
+    __syncthreads();
+    float* du = a.dUt + ch * kE * Dv;
+    for (int x = tid; x < kE * BV; x += blockDim.x) du[(x / BV) * Dv + c0 + x % BV] = dU[(x / BV) * ldS + x % BV];
+    for (int x = tid; x < a.Rp * BV; x += blockDim.x) {
+      const int r = x / BV;
+      dO[r * ldS + x % BV] *= row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f;
+    }
+    __syncthreads();
+    // dS0 = gamma_63 dS + scale Q^T diag(gamma) dO - W^T dU~
+    mm<true, false, PRECISE>(dS, ldS, Qs, ldK, dO, ldS, Dk, BV, a.Rp, 1.f, dS, ldS, gam[kE - 1]);
+    __syncthreads();
+    mm<true, false, PRECISE>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
+  }
+}
+
+// Sums of a block's per-thread values (deterministic: warps by shuffles, then warp 0 in order).
+__device__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < kWarps; ++w) s += red[w];
+  return s;
+}
+
+// ---- grad: one block per chunk (grid NC x BH), all of Dk and Dv ----
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, Rp = a.Rp;
+  const size_t ch = size_t(bh) * a.NC + c;
+  const int ldK = Dk + 4, ldV = Dv + 4, ldX = max(Dk, Dv) + 4;
+  float* bK = sm;                // [64][ldK] dK
+  float* bQ = bK + kE * ldK;     // [64][ldK] dQ (Rp rows), then dW, then dY... (see below)
+  float* bO = bQ + kE * ldK;     // [64][ldV] dO (Rp rows), then dX
+  float* bT = bO + kE * ldV;     // [64][ldX] K dS, then dY
+  float* P1 = bT + kE * ldX;     // [64][kLdE] Q K^T, then K K^T
+  float* P2 = P1 + kE * kLdE;    // [64][kLdE] dP, then dM, then F
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kWarps];
+  const float* S0 = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
+  const float* dS = a.dS + ch * Dk * Dv;
+  const float* Ut = a.Ut + ch * kE * Dv;
+  const float* dUt = a.dUt + ch * kE * Dv;
+  const float* Kc = a.Kc + ch * kE * Dk;
+  const float* Qc = a.Qc + ch * Rp * Dk;
+  const float* Tg = a.Tm + ch * kE * kE;
+  const bool gated = a.g != nullptr;
+
+  if (tid < kE) {
+    beta[tid] = a.beta[ch * kE + tid];
+    dG[tid] = dbeta[tid] = 0.f;
+  }
+  gather_rows(bO, ldV, nullptr, a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); });
+  load_decays(a, ch, G, gam, D);
+  // S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63 below) = gamma_63 sum(dS . S0).
+  float dGL = 0.f;
+  if (gated) {
+    float part = 0.f;
+    for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
+    dGL = gam[kE - 1] * block_sum(part, red);
+  }
+  mm<false, true, PRECISE>(bK, ldK, Ut, Dv, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
+  mm<false, false, PRECISE>(bT, ldX, Kc, Dk, dS, Dv, kE, Dv, Dk, 1.f);  // K dS
+  mm<false, true, PRECISE>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
+  __syncthreads();
+  for (int x = tid; x < kE * Dk; x += blockDim.x) bK[(x / Dk) * ldK + x % Dk] *= D[x / Dk];
+  // dd_i = (K dS)_i . u~_i: D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
+  if (gated) {
+    float gl_part = 0.f;
+    for (int i = warp; i < kE; i += kWarps) {
+      float dd = 0.f;
+      for (int col = lane; col < Dv; col += 32) dd += bT[i * ldX + col] * Ut[size_t(i) * Dv + col];
+#pragma unroll
+      for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
+      if (token_of(a, c, kE - 1) != token_of(a, c, i)) {
+        if (lane == 0) dG[i] -= dd * D[i];
+        gl_part += dd * D[i];
+      }
+    }
+    dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
+  }
+  // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
+  for (int r = warp; r < Rp; r += kWarps) {
+    const float f = row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f;
+    float acc = 0.f;
+    for (int col = lane; col < Dk; col += 32) {
+      float& v = bQ[r * ldK + col];
+      v *= f;
+      acc += v * Qc[size_t(r) * Dk + col];
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
+    if (lane == 0 && row_ok(a, c, r)) dG[r * a.nh + a.nh - 1] += acc;
+  }
+  __syncthreads();
+  // P (decayed, without scale) and dP = scale dO U~^T.
+  mm<false, true, PRECISE>(P1, kLdE, Qc, Dk, Kc, Dk, Rp, kE, Dk, 1.f);
+  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, Ut, Dv, Rp, kE, Dv, a.scale);
+  __syncthreads();
+  // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token); dP becomes
+  // d(Q K^T) = dP . decay, masked. P1 keeps e.
+  for (int x = tid; x < Rp * kE; x += blockDim.x) {
+    const int r = x / kE, j = x % kE, i = r * a.nh + a.nh - 1;
+    float& dp = P2[r * kLdE + j];
+    float& p = P1[r * kLdE + j];
+    if (!row_ok(a, c, r) || j > i) {
+      dp = p = 0.f;
+      continue;
+    }
+    const float dec = expf(float(G[i] - G[j]));
+    p = (gated && j < i && token_of(a, c, i) != token_of(a, c, j)) ? dp * p * dec : 0.f;
+    dp *= dec;
+  }
+  __syncthreads();
+  if (gated && tid < kE) {  // row sums to the reading event, column sums from the key's event
+    float s = 0.f;
+    for (int r = 0; r < Rp; ++r) s -= P1[r * kLdE + tid];
+    if (tid % a.nh == a.nh - 1 && tid / a.nh < Rp)
+      for (int j = 0; j < kE; ++j) s += P1[(tid / a.nh) * kLdE + j];
+    dG[tid] += s;
+  }
+  mm<false, false, PRECISE>(bQ, ldK, P2, kLdE, Kc, Dk, Rp, Dk, kE, 1.f, bQ, ldK, 1.f);  // dQ += dP K
+  mm<true, false, PRECISE>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
+  __syncthreads();
+  scatter_rows(a.dq, bQ, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
+  __syncthreads();
+  // U~ = U - W S0: dW = -dU~ S0^T. Then dX = Tinv^T dU~, dY = Tinv^T dW.
+  mm<false, true, PRECISE>(bQ, ldK, dUt, Dv, S0, Dv, kE, Dk, Dv, -1.f);
+  mm<true, false, PRECISE>(bO, ldV, Tg, kE, dUt, Dv, kE, Dv, kE, 1.f);
+  __syncthreads();
+  mm<true, false, PRECISE>(bT, ldX, Tg, kE, bQ, ldK, kE, Dk, kE, 1.f);
+  __syncthreads();
+  // dM = -(dX U^T + dY W^T) (the strictly lower part is used).
+  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, a.U + ch * kE * Dv, Dv, kE, kE, Dv, -1.f);
+  mm<false, true, PRECISE>(P1, kLdE, Kc, Dk, Kc, Dk, kE, kE, Dk, 1.f);  // K K^T
+  __syncthreads();
+  mm<false, true, PRECISE>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
+  // Per event: dv = beta dX; dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
+  for (int i = warp; i < kE; i += kWarps) {
+    float dvd = 0.f, dkd = 0.f;
+    const long long vrow = value_row(a, b, h, c, i);
+    for (int col = lane; col < Dv; col += 32) {
+      float& x = bO[i * ldV + col];
+      if (vrow >= 0) dvd += x * a.v[vrow + col];
+      x *= beta[i];  // dv
+    }
+    const float bg = beta[i] * gam[i];
+    for (int col = lane; col < Dk; col += 32) {
+      const float y = bT[i * ldX + col];
+      dkd += y * Kc[size_t(i) * Dk + col];
+      bK[i * ldK + col] += bg * y;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      dvd += __shfl_xor_sync(kFull, dvd, o);
+      dkd += __shfl_xor_sync(kFull, dkd, o);
+    }
+    if (lane == 0) {
+      dbeta[i] += dvd + gam[i] * dkd;
+      dG[i] += bg * dkd;
+    }
+  }
+  __syncthreads();
+  // M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij; F = beta_i dM_ij decay
+  // (-> dK += F K + F^T K); e = beta_i dM_ij A_ij feeds dG (+ row, - column; not within a token).
+  for (int x = tid; x < kE * kE; x += blockDim.x) {
+    const int i = x / kE, j = x % kE;
+    float& dm = P2[i * kLdE + j];
+    float& kk = P1[i * kLdE + j];
+    if (j >= i) {
+      dm = kk = 0.f;
+      continue;
+    }
+    const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+    const float A = kk * dec, da = beta[i] * dm;
+    kk = dm * A;                                      // kept for dbeta (row sums)
+    dm = da * dec;                                    // F
+  }
+  __syncthreads();
+  if (tid < kE) {
+    float db = 0.f, row = 0.f, col = 0.f;
+    for (int j = 0; j < tid; ++j) {
+      db += P1[tid * kLdE + j];
+      if (gated && token_of(a, c, tid) != token_of(a, c, j)) row += beta[tid] * P1[tid * kLdE + j];
+    }
+    if (gated)
+      for (int i = tid + 1; i < kE; ++i)
+        if (token_of(a, c, i) != token_of(a, c, tid)) col += beta[i] * P1[i * kLdE + tid];
+    dbeta[tid] += db;
+    dG[tid] += row - col;
+  }
+  mm<false, false, PRECISE>(bK, ldK, P2, kLdE, Kc, Dk, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F K
+  __syncthreads();
+  mm<true, false, PRECISE>(bK, ldK, P2, kLdE, Kc, Dk, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F^T K
+  __syncthreads();
+  scatter_rows(a.dk, bK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
+  scatter_rows(a.dv, bO, ldV, kE, Dv, a.accumulate, [&](int i) { return value_row(a, b, h, c, i); });
+  // The gates from dG by a reverse cumulative sum (G_i sums the gates of events 0..i), G_63's own
+  // gradient first.
+  if (tid == 0) {
+    dG[kE - 1] += dGL;
+    float acc = 0.f;
+    for (int i = kE - 1; i >= 0; --i) dG[i] = acc += dG[i];
+  }
+  __syncthreads();
+  if (tid < kE) {
+    const Ev e = event(a, c, tid);
+    if (e.ok) {
+      const size_t tb = tok_index(a, b, e.t);
+      float* pb = a.dbl + tb * a.lb + size_t(e.j) * a.H + h;
+      const float s = sigmoidf(a.bl[tb * a.lb + size_t(e.j) * a.H + h]);
+      const float v = dbeta[tid] * beta[tid] * (1.f - s);
+      *pb = a.accumulate ? *pb + v : v;
+      if (gated && e.j == 0) {
+        float* pg = a.dg + tb * a.H + h;
+        *pg = a.accumulate ? *pg + dG[tid] : dG[tid];
+      }
+    }
+  }
+}
+
+// ---- host side ----
+
+struct Geometry {
+  int Ct, NC, Rp, BV;
+};
+Geometry geometry(const DeltaRuleDims& d) {
+  Geometry g{};
+  g.Ct = delta_rule_gpu_chunk_tokens(d.n_h);
+  g.NC = (d.T + g.Ct - 1) / g.Ct;
+  g.Rp = (g.Ct + 15) / 16 * 16;
+  g.BV = d.Dv % 64 == 0 ? 64 : d.Dv % 32 == 0 ? 32 : 16;
+  return g;
+}
+
+size_t prep_smem(const DeltaRuleDims& d) { return (size_t(kE) * (std::max(d.Dk, d.Dv) + 4) + 3 * kE * kLdE) * 4; }
+size_t state_smem(const DeltaRuleDims& d, const Geometry& g) {
+  return ((size_t(d.Dk) + kE) * (g.BV + 4) + 2 * (2 * size_t(kE) * (d.Dk + 4) + size_t(kE) * (g.BV + 4))) * 4;
+}
+size_t output_smem(const DeltaRuleDims& d, const Geometry& g) {
+  return (size_t(g.Rp + kE) * (d.Dk + 4) + size_t(d.Dk + kE + g.Rp) * (g.BV + 4) + size_t(g.Rp) * kLdE) * 4;
+}
+size_t dstate_smem(const DeltaRuleDims& d, const Geometry& g) {
+  return (size_t(d.Dk) * (g.BV + 4) + size_t(g.Rp) * kLdE + size_t(g.Rp + kE) * (g.BV + 4) +
+          size_t(2 * kE + g.Rp) * (d.Dk + 4)) * 4;
+}
+size_t grad_smem(const DeltaRuleDims& d) {
+  return (size_t(kE) * (2 * (d.Dk + 4) + (d.Dv + 4) + (std::max(d.Dk, d.Dv) + 4)) + 2 * kE * kLdE) * 4;
+}
+
+// One device allocation that only grows, for the per-chunk work arrays. Growing inside a captured
+// CUDA graph is allowed (the allocation is not a stream operation; the capture mode is relaxed
+// for it), and an outgrown buffer is kept, not freed: a graph captured earlier may still use it.
+struct Workspace {
+  std::vector<float*> old;
+  float* p = nullptr;
+  size_t n = 0;
+  float* get(size_t floats) {
+    if (floats > n) {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      LRNN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      float* q = nullptr;
+      const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&q), floats * sizeof(float));
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      LRNN_CUDA_CHECK(e);
+      if (p) old.push_back(p);
+      p = q, n = floats;
+    }
+    return p;
+  }
+};
+Workspace& workspace() {
+  static thread_local Workspace w;  // one per host thread (and so per device: one process per GPU)
+  return w;
+}
+
+size_t up64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Lays the workspace out; returns the Args with the work arrays set.
+Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
+  const Geometry gm = geometry(d);
+  Args a{};
+  a.T = d.T, a.H = d.H, a.Dk = d.Dk, a.Dv = d.Dv, a.nh = d.n_h;
+  a.Ct = gm.Ct, a.NC = gm.NC, a.Rp = gm.Rp, a.BV = gm.BV;
+  a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
+  a.bscale = float(beta_scale(d.range)), a.scale = float(d.out_scale());
+  const size_t nch = size_t(d.B) * d.H * gm.NC, Dk = d.Dk, Dv = d.Dv;
+  const size_t sizes[] = {nch * kE * Dk, nch * gm.Rp * Dk, nch * kE * Dk, nch * kE * Dv, nch * kE * kE, nch * kE,
+                          nch * kE * 2 /* G, doubles */, backward ? nch * Dk * Dv : 0, backward ? nch * kE * Dv : 0,
+                          ckpt ? 0 : delta_rule_gpu_chunked_ckpt_size(d)};
+  size_t total = 0;
+  for (size_t s : sizes) total += up64(s);
+  float* w = workspace().get(total);
+  float* ptr[10];
+  for (int i = 0; i < 10; ++i) {
+    ptr[i] = w;
+    w += up64(sizes[i]);
+  }
+  a.Kc = ptr[0], a.Qc = ptr[1], a.W = ptr[2], a.U = ptr[3], a.Tm = ptr[4], a.beta = ptr[5];
+  a.G = reinterpret_cast<double*>(ptr[6]);
+  a.dS = ptr[7], a.dUt = ptr[8];
+  float* ck = ckpt ? ckpt : ptr[9];
+  a.states = ck;
+  a.Ut = ck + size_t(d.B) * d.H * (gm.NC + 1) * Dk * Dv;
+  return a;
+}
+
+// name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under.
+template <class K>
+void launch(K kernel, const char* name, dim3 grid, size_t smem, const Args& a) {
+  lrnn::cuda::OpTimer timer(name);
+  LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<grid, kThreads, smem, lrnn::cuda::stream()>>>(a);
+  LRNN_CUDA_LAUNCH_CHECK();
+}
+
+template <bool P>
+void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
+  const Geometry gm = geometry(d);
+  const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
+  launch(prep_kernel<P>, "delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch(state_kernel<P>, "delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+  if (outputs) launch(output_kernel<P>, "delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
+}
+
+template <bool P>
+void backward_impl(const Args& a, const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
+  launch(prep_kernel<P>, "delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch(dstate_kernel<P>, "delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  launch(grad_kernel<P>, "delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
+}
+
+bool precise() { return lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::FP32; }
+
+void set_inputs(Args& a, const float* q, const float* k, const float* v, const float* bl, const float* g) {
+  a.q = q, a.k = k, a.v = v, a.bl = bl, a.g = g;
+}
+
+}  // namespace
+
+bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
+  if (d.Dk % 16 || d.Dv % 16 || d.Dk <= 0 || d.Dv <= 0 || d.n_h > kE) return false;
+  const size_t most = size_t(lrnn::cuda::max_smem_optin());
+  const Geometry gm = geometry(d);
+  return std::max({prep_smem(d), state_smem(d, gm), output_smem(d, gm), dstate_smem(d, gm), grad_smem(d)}) <= most;
+}
+
+// Not yet measured on a GPU: a first guess (the recurrent kernels walk T tokens one by one; the
+// chunked form walks T/64 chunks but does ~10x the arithmetic): long sequences at head dims >= 64.
+bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
+  return delta_rule_chunked_cuda_applies(d) && d.T >= 256 && std::min(d.Dk, d.Dv) >= 64;
+}
+
+void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
+                                const float* g, const DeltaRuleDims& d, float* ckpt, float* state) {
+  LRNN_CHUNKED_REQUIRE(delta_rule_chunked_cuda_applies(d));
+  LRNN_CHUNKED_REQUIRE(!(ckpt && state));
+  if (d.B == 0 || d.T == 0) return;
+  Args a = make(d, false, ckpt);
+  set_inputs(a, q, k, v, beta_logit, g);
+  a.o = o;
+  a.state_io = state;
+  if (precise()) forward_impl<true>(a, d, o != nullptr);
+  else forward_impl<false>(a, d, o != nullptr);
+}
+
+void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
+                                 const float* q, const float* k, const float* v, const float* beta_logit,
+                                 const float* g, const DeltaRuleDims& d, const float* ckpt, bool accumulate) {
+  LRNN_CHUNKED_REQUIRE(delta_rule_chunked_cuda_applies(d));
+  if (d.B == 0 || d.T == 0) return;
+  // Without the forward's checkpoints they are recomputed into the workspace (the forward's
+  // prep then runs again below: the workspace's other arrays are shared).
+  Args a = make(d, true, const_cast<float*>(ckpt));
+  set_inputs(a, q, k, v, beta_logit, g);
+  if (!ckpt) {
+    if (precise()) forward_impl<true>(a, d, false);
+    else forward_impl<false>(a, d, false);
+  }
+  a.dout = dout;
+  a.dq = dq, a.dk = dk, a.dv = dv, a.dbl = dbeta_logit, a.dg = dg;
+  a.accumulate = accumulate;
+  if (precise()) backward_impl<true>(a, d);
+  else backward_impl<false>(a, d);
+}
+
+}  // namespace lrnn::ops::cuda
