@@ -97,8 +97,9 @@ run_checks() {
 
   if want kernel; then
   echo "== delta-rule kernels alone: lrnn (recurrent and chunked), then fla"
-  timeout "${KERNEL_TIMEOUT:-240}" "$bin/tests/cuda_tests" --gtest_also_run_disabled_tests \
-    --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 | tee "$LOGS/kernel_lrnn.log" || true
+  # KERNEL_QUICK=1: lrnn's chunked form alone (no recurrent rows, no fla): for iterating on it.
+  ${KERNEL_QUICK:+env LRNN_TIMING_CHUNKED_ONLY=1} timeout "${KERNEL_TIMEOUT:-240}" "$bin/tests/cuda_tests" \
+    --gtest_also_run_disabled_tests --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 | tee "$LOGS/kernel_lrnn.log" || true
   LRNN_CUDA_PROFILE=1 LRNN_TIMING_CHUNKED_ONLY=1 timeout 120 "$bin/tests/cuda_tests" --gtest_also_run_disabled_tests \
     --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 | tee "$LOGS/kernel_profile.log" || true
   {
@@ -114,8 +115,24 @@ run_checks() {
     echo '```'
     echo
   } >>"$sum"
-  timeout "${KERNEL_FLA_TIMEOUT:-300}" python3 bench/delta_rule_fla_gpu.py 2>&1 | tee "$LOGS/kernel_fla.log" || true
-  { echo '```'; grep '^{' "$LOGS/kernel_fla.log" || true; echo '```'; echo; } >>"$sum"
+  if [[ -z "${KERNEL_QUICK:-}" ]]; then
+    timeout "${KERNEL_FLA_TIMEOUT:-300}" python3 bench/delta_rule_fla_gpu.py 2>&1 | tee "$LOGS/kernel_fla.log" || true
+    { echo '```'; grep '^{' "$LOGS/kernel_fla.log" || true; echo '```'; echo; } >>"$sum"
+  fi
+  fi
+
+  if want kernel-ncu; then
+  echo "== ncu: the chunked delta rule's kernels at B 8, T 2048, H 8, head dim 128"
+  local k
+  for k in 'prep|state|output' 'dstate|grad'; do
+    LRNN_TIMING_ONE=1 LRNN_TIMING_CHUNKED_ONLY=1 timeout 300 ncu --clock-control none -k "regex:($k)_kernel" -c 3 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis "$bin/tests/cuda_tests" --gtest_also_run_disabled_tests \
+      --gtest_filter='DeltaRuleCuda.DISABLED_Timing' >>"$LOGS/ncu.log" 2>&1 || true
+  done
+  { echo "## ncu (the first launches of each kernel; full report in ncu.log)"; echo; echo '```';
+    grep -E '_kernel|Duration|Throughput|Warp Cycles Per Issued|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|stalled|Block Limit' "$LOGS/ncu.log" | cut -c1-220 | head -200
+    echo '```'; echo; } >>"$sum"
   fi
 
   if want parity; then
@@ -383,6 +400,7 @@ YAML
         >"$LOGS/speed_${mt}_$L.log" 2>&1 || true
       local ours theirs
       ours=$(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/speed_$mt$L/metrics.jsonl" 2>/dev/null || echo "failed")
+      echo "(lrnn $mt, $L layers: $ours tokens/s; fla's row follows when it finishes)" >>"$sum"
       theirs=$(timeout 300 python3 bench/lm_fla.py train --model "$mt" --layers "$L" --hidden "$d" --heads "$H" --batch "$B" \
         --steps 10 --warmup 3 2>"$LOGS/fla_${mt}_$L.err" | tail -n 1 | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
       local ratio

@@ -142,8 +142,11 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts, bool chunked_layo
   // CPU reference.
   std::vector<float> o_ref(no), ck_ref(nck);
   const float* gp = opts.gate ? p.g.data() : nullptr;
-  lrnn::ops::delta_rule_forward<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
-                                       p.b(p.x.data()), gp, d, ck_ref.data());
+  // The recurrent loop: its checkpoints are every kDeltaChunk-th state and every u, what the CUDA
+  // recurrent kernels write (the CPU's chunked form, which delta_rule_forward takes for some of
+  // these shapes, keeps fewer; its backward reads these as well).
+  lrnn::ops::delta_rule_forward_recurrent<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                                 p.b(p.x.data()), gp, d, ck_ref.data());
   std::vector<float> gx_ref = p.gx, gg_ref = p.gg;
   float* gxr = gx_ref.data();
   lrnn::ops::delta_rule_backward<float>(gxr + p.off_q, gxr + p.off_k, gxr + p.off_v, gxr + p.off_b,
@@ -628,9 +631,15 @@ TEST(DeltaRuleCuda, DISABLED_Timing) {
   for (const auto kernel : {lrnn::ops::cuda::DeltaKernel::Tiled, lrnn::ops::cuda::DeltaKernel::Chunked}) {
     if (chunked_only && kernel == lrnn::ops::cuda::DeltaKernel::Tiled) continue;
     lrnn::ops::cuda::set_delta_rule_kernel(kernel);
+    if (std::getenv("LRNN_TIMING_ONE")) {  // one shape (for ncu)
+      time_case(dims(8, 2048, 8, 128, 128, 1, EigenRange::Signed), false);
+      continue;
+    }
     std::printf("%s:\n", kernel == lrnn::ops::cuda::DeltaKernel::Tiled ? "recurrent (tiled)" : "chunked");
     for (int T : {64, 128, 256, 512, 2048}) time_case(dims(8, T, 8, 128, 128, 1, EigenRange::Signed), false);
     time_case(dims(8, 512, 16, 64, 64, 1, EigenRange::Signed), false);
+    time_case(dims(8, 512, 16, 64, 64, 1, EigenRange::Signed), true);
+    time_case(dims(8, 512, 16, 64, 64, 2, EigenRange::Signed), true);
     time_case(dims(8, 2048, 8, 128, 128, 1, EigenRange::Signed), true);
     time_case(dims(8, 2048, 8, 128, 128, 2, EigenRange::Signed), true);
     time_case(dims(8, 2048, 8, 128, 128, 3, EigenRange::Signed), true);

@@ -35,6 +35,18 @@ TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
                 "allow_neg_eigval: true}", 1e-4);
 }
 
+// Long sequences at head dims 128 (DeltaNet) and 64 with a forget gate and two sub-steps (Gated
+// DeltaProduct) take the chunked delta rule on the GPU (delta_rule_chunked_cuda_pays): the whole
+// model, forward and backward, against the CPU. fp32 products (three TF32 products each in the
+// chunked kernels); 1e-3: 300 tokens of recurrence, while a wrong term is an O(1) error.
+TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
+  LRNN_REQUIRE_GPU();
+  compare_model("{model_type: delta_net, vocab_size: 11, hidden_size: 256, num_hidden_layers: 2, num_heads: 2, "
+                "allow_neg_eigval: true}", 1e-3, 2, 300);
+  compare_model("{model_type: gated_deltaproduct, vocab_size: 7, hidden_size: 128, num_hidden_layers: 1, num_heads: 2, "
+                "num_householder: 2, allow_neg_eigval: true, use_forget_gate: true}", 1e-3, 2, 300);
+}
+
 // The language-model head in chunks of rows on the GPU (dense labels, 5 rows of logits at a time:
 // 111 rows in 23 chunks, the last of one row) against the CPU's whole head: the loss, then every
 // gradient; fp32 GEMMs, the bounds of compare_model.
