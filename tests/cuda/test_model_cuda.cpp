@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "models/core_frame.h"
 #include "models/device_model.h"
+#include "ops/delta_rule/delta_rule_cuda.h"
 #include "train/trainer.h"
 
 using namespace lrnn;
@@ -35,16 +36,19 @@ TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
                 "allow_neg_eigval: true}", 1e-4);
 }
 
-// Long sequences at head dims 128 (DeltaNet) and 64 with a forget gate and two sub-steps (Gated
-// DeltaProduct) take the chunked delta rule on the GPU (delta_rule_chunked_cuda_pays): the whole
-// model, forward and backward, against the CPU. fp32 products (three TF32 products each in the
-// chunked kernels); 1e-3: 300 tokens of recurrence, while a wrong term is an O(1) error.
+// A long sequence at head dim 128 takes the chunked delta rule on the GPU
+// (delta_rule_chunked_cuda_pays), and so does, forced, a Gated DeltaProduct (head dim 64, forget
+// gate, two sub-steps): the whole model, forward and backward, against the CPU. fp32 products
+// (three TF32 products each in the chunked kernels); 1e-3: 300 tokens of recurrence, while a wrong
+// term is an O(1) error.
 TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
   LRNN_REQUIRE_GPU();
   compare_model("{model_type: delta_net, vocab_size: 11, hidden_size: 256, num_hidden_layers: 2, num_heads: 2, "
                 "allow_neg_eigval: true}", 1e-3, 2, 300);
+  ops::cuda::set_delta_rule_kernel(ops::cuda::DeltaKernel::Chunked);
   compare_model("{model_type: gated_deltaproduct, vocab_size: 7, hidden_size: 128, num_hidden_layers: 1, num_heads: 2, "
                 "num_householder: 2, allow_neg_eigval: true, use_forget_gate: true}", 1e-3, 2, 300);
+  ops::cuda::set_delta_rule_kernel(ops::cuda::DeltaKernel::Auto);
 }
 
 // The language-model head in chunks of rows on the GPU (dense labels, 5 rows of logits at a time:

@@ -882,18 +882,18 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
   return std::max({prep_smem(d), state_smem(d, gm), output_smem(d, gm), dstate_smem(d, gm), grad_smem(d)}) <= most;
 }
 
-// Measured on one H100 (tests/cuda DeltaRuleCuda.DISABLED_Timing, forward + backward, B 8 x H 8,
-// head dim 128, microseconds, recurrent (tiled) vs chunked):
-//   T 64: 205 vs 305;  T 128: 422 vs 408;  T 256: 833 vs 775;  T 512: 1653 vs 1543;  T 2048: 6574 vs 6006
-//   T 2048 with a forget gate: 13000 vs 6542;  n_h 2 (gated): 18686 vs 11282;  n_h 3: 24625 vs 16861
-//   head dim 64 (B 8 x H 16, T 512, no gate): 1160 vs 1391
-// The recurrent backward with a gate rebuilds states inside every chunk, and n_h multiplies its
-// sequential steps: there the chunked form wins by 1.5-2x. So: T >= 256 at head dims >= 128, and
-// at head dims >= 64 with a gate or several sub-steps.
-bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool gated) {
-  if (!delta_rule_chunked_cuda_applies(d) || d.T < 256) return false;
-  const int dmin = std::min(d.Dk, d.Dv);
-  return dmin >= 128 || (dmin >= 64 && (gated || d.n_h > 1));
+// Measured on one H100 in one run (gpu-check's kernel section: tests/cuda
+// DeltaRuleCuda.DISABLED_Timing), forward + backward in microseconds, recurrent (tiled) vs chunked:
+//   head dim 128, B 8 x H 8:  T 64: 208 vs 298;  T 128: 422 vs 392;  T 256: 833 vs 741;
+//                             T 512: 1654 vs 1464;  T 2048: 6576 vs 5715
+//   T 2048 with a forget gate: 12995 vs 6476;  n_h 2 (gated): 18679 vs 11209;  n_h 3: 24618 vs 16694
+//   B 8 x H 16, T 4096: 24044 vs 22112
+//   head dim 64, B 8 x H 16, T 512: no gate 1160 vs 1348;  gate 1556 vs 1486;  n_h 2, gate 2275 vs 2571
+// So the chunked form from T = 256 at head dims of 128 and more (1.1x without a gate, 1.5-2x with
+// one or with sub-steps, where the recurrent backward rebuilds states inside every chunk); at head
+// dim 64 the two are within 15% either way and the recurrent kernels stay.
+bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
+  return delta_rule_chunked_cuda_applies(d) && d.T >= 256 && std::min(d.Dk, d.Dv) >= 128;
 }
 
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
