@@ -54,6 +54,7 @@
 // (1 + O(delta T)) and the margin is the ideal one to ~1e-4.
 #include <gtest/gtest.h>
 #include <cmath>
+#include "ops/delta_rule/delta_rule.h"
 #include "tracker_util.h"
 
 using namespace lrnn;
@@ -149,6 +150,19 @@ TEST_P(ParityTracker, NegativeEigenvaluesTrackParityExactlyFor10kSteps) {
                       /*dev=*/0.02, fmt::format("tracker conv={}", int(conv)));
   std::printf("[tracker] conv=%d: build + forward of %dx%d tokens in %.3f s\n", int(conv), int(rows.size()), kSteps,
               seconds_since(t0));
+}
+
+// The same through the delta rule's chunked (WY) form: 157 chunks of 64 tokens, each a triangular
+// solve whose entries are beta k.k = 2 at every one (reflections): the state the solves rebuild
+// must stay as exact as the recurrence's, with the same bounds.
+TEST_P(ParityTracker, TracksParityThroughTheChunkedDeltaRule) {
+  const bool conv = GetParam();
+  ops::set_delta_rule_algorithm(ops::DeltaAlgorithm::Chunked);
+  auto m = make_tracker(/*neg_eigval=*/true, conv);
+  auto rows = test_rows();
+  check_tracks_parity(forward_rows(*m, rows), rows, even_ideal(kD, kEps), odd_ideal(kD, kEps), /*drift=*/0.99,
+                      /*dev=*/0.02, fmt::format("chunked tracker conv={}", int(conv)));
+  ops::set_delta_rule_algorithm(ops::DeltaAlgorithm::Auto);
 }
 
 TEST_P(ParityTracker, SameWeightsWithEigenvaluesInUnitIntervalFail) {

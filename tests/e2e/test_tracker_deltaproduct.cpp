@@ -40,6 +40,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include "ops/delta_rule/delta_rule.h"
 #include "tracker_util.h"
 
 using namespace lrnn;
@@ -375,9 +376,8 @@ struct Case {
 
 class GroupTracker : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GroupTracker, TracksPrefixProductsExactlyFor10kSteps) {
+void check_tracks(const Case& c) {
   auto t0 = std::chrono::steady_clock::now();
-  const Case& c = GetParam();
   GroupSpec g = c.group();
   check_construction(g);
   Tracker tr = build(g, c.shape, /*neg_eigval=*/true);
@@ -403,6 +403,16 @@ TEST_P(GroupTracker, TracksPrefixProductsExactlyFor10kSteps) {
                 "min |T_y - T_y'|^2/2 = %.4f\n", c.name, b, lo_start, lo_end, tr.min_gap);
   }
   std::printf("[tracker] %s: build + forward of %dx%d tokens in %.2f s\n", c.name, B, kSteps, seconds_since(t0));
+}
+
+TEST_P(GroupTracker, TracksPrefixProductsExactlyFor10kSteps) { check_tracks(GetParam()); }
+
+// The same through the delta rule's chunked (WY) form (chunks of 64 / n_h tokens: triangular solves
+// over the sub-steps' reflections), with the same bounds.
+TEST_P(GroupTracker, TracksThroughTheChunkedDeltaRule) {
+  ops::set_delta_rule_algorithm(ops::DeltaAlgorithm::Chunked);
+  check_tracks(GetParam());
+  ops::set_delta_rule_algorithm(ops::DeltaAlgorithm::Auto);
 }
 
 TEST_P(GroupTracker, SameWeightsWithEigenvaluesInUnitIntervalFail) {

@@ -79,6 +79,10 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
 constexpr int kDeltaChunkedEvents = 64;
 int delta_rule_chunk_tokens(int n_h);  // tokens per chunk: a multiple of kDeltaChunk
 bool delta_rule_chunked_pays(const DeltaRuleDims& d, bool gated);  // gated: g != null
+// Which algorithm the two functions above run: Auto (by shape), or always one of them (tests run
+// whole models through either). Process-wide; not for concurrent use.
+enum class DeltaAlgorithm { Auto, Recurrent, Chunked };
+void set_delta_rule_algorithm(DeltaAlgorithm a);
 template <class T>
 void delta_rule_forward_chunked(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                                 const DeltaRuleDims& d, T* ckpt = nullptr, T* state = nullptr);
