@@ -11,18 +11,21 @@
 //   o_r = scale (gamma_r S0^T q_r + sum_{j <= r} (q_r . k_j) exp(G_r - G_j) u~_j)  (reading events)
 //   S_next = gamma_63 S0 + K^T diag(exp(G_63 - G)) U~
 // Kernels (each a grid of thread blocks of 8 warps; every product is a 16x16x8 TF32 MMA from
-// nvcuda::wmma with fp32 accumulation, operands read from shared or global memory):
+// nvcuda::wmma with fp32 accumulation, a warp computing 16 x 32 of the result at a time):
 //   prep     one block per chunk: gathers K, Q (zero-padded, contiguous), beta, G; forms A, the
 //            inverse Tinv (a forward substitution, one column per warp at a time, in fp32), W, U
 //   state    one block per (b, h, block of state columns), walking the chunks in order: stores
 //            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
-//            shared memory)
+//            shared memory; the next chunk's W, K, U are copied in by cp.async meanwhile)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~)
 // Backward: prep again, then
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~)
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic)
+// Operands live in shared memory where it holds them (fp32 tiles: one block per SM), else are read
+// from global memory (L2) by the MMA loads; the grad kernel's S0, dS, U~ and dU~ products are the
+// latter, and are where its time goes (docs/RESULTS.md, "The chunked delta rule on tensor cores").
 //
 // Error analysis. Tinv is exact arithmetic's M^-1, computed in fp32 by substitution; its entries
 // are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
