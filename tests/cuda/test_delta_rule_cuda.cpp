@@ -567,8 +567,7 @@ TEST(DeltaRuleCudaChunked, Tf32ErrorAgainstFp64) {
     std::printf("\n");
     // Measured on an H100 (2026-11-27): worst factor 2.1 (dk, no gate; dv, gated), the others
     // 1.0-2.0. Bound 4: twice the measured worst (the rule's "about 2x", with room for a GPU or
-    // a build that orders the MMAs' sums differently), while a lost precision step (an fp32
-    // product done in TF32 where the state or the inverse needs fp32) shows as 10x or more.
+    // a build that orders the MMAs' sums differently).
     EXPECT_LE(worst, 4.0) << "the TF32 chunked form's error is more than 4x that of TF32 inputs";
   }
 }
