@@ -101,6 +101,8 @@ struct CpuOps {
   LRNN_XLSTM_OPS(LRNN_CPU_OP)
   LRNN_BASELINE_OPS(LRNN_CPU_OP)
 #undef LRNN_CPU_OP
+  // The delta rule's checkpoint buffer for the training forward (either CPU algorithm).
+  static size_t delta_rule_ckpt_size(const ops::DeltaRuleDims& d, bool) { return ops::delta_rule_ckpt_size(d); }
   // Mean loss over counted labels, returned to the host (and kept in *loss).
   static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
     double l = ops::cross_entropy_forward<T>(nullptr, logits, labels, N, V);
@@ -127,6 +129,10 @@ struct CudaOps {
 #undef LRNN_CUDA_OP
   // Whether the MLPs keep their activations in bf16 (cuda::GemmPrecision::BF16).
   static bool bf16_mlp() { return cuda::gemm_precision() == cuda::GemmPrecision::BF16; }
+  // The delta rule's checkpoint buffer: the layout of the kernels these dims take.
+  static size_t delta_rule_ckpt_size(const ops::DeltaRuleDims& d, bool gated) {
+    return ops::cuda::delta_rule_ckpt_size(d, gated);
+  }
   // Runs f's ops on the side stream (after everything queued so far) and returns a ticket that
   // wait() turns into a dependency of the main stream; join() waits for all side work. The
   // caller keeps what f reads unchanged until it waits (cuda::fork in cuda/runtime.h).

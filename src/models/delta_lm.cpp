@@ -152,7 +152,7 @@ void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
     l.x2h = get_as(bf16{}, mx * N * C); l.guh = get_as(bf16{}, mx * N * 2 * I); l.acth = get_as(bf16{}, mx * N * I);
     l.wguh = get_as(bf16{}, mx * 3 * I * C);  // gate|up, then down: one conversion when P holds them so
     l.wdh = l.wguh ? l.wguh + 2 * I * C : nullptr;
-    l.ckpt = train ? get(ops::delta_rule_ckpt_size(net_.dims(B, T_))) : nullptr;
+    l.ckpt = train ? get(Ops::delta_rule_ckpt_size(net_.dims(B, T_), s.use_forget_gate)) : nullptr;
   }
   head_.carve(a, N, C, V, /*layer_norm=*/false, train);
 }

@@ -27,6 +27,10 @@ void set_delta_rule_kernel(DeltaKernel k);
 // own layout in the same buffer (delta_rule.h), so forward and backward must take the same path
 // (the choice depends only on the dims and whether there is a gate).
 bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d);
+// The checkpoint buffer the training forward needs on the GPU: the layout of the path the op will
+// take for these dims (the chunked form's is ~3x smaller at head dim 128), or, while a kernel
+// family is forced (set_delta_rule_kernel), the larger of the two (ops::delta_rule_ckpt_size).
+size_t delta_rule_ckpt_size(const DeltaRuleDims& d, bool gated);
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool gated);
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                                 const float* g, const DeltaRuleDims& d, float* ckpt, float* state);
