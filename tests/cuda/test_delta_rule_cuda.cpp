@@ -170,7 +170,7 @@ void check_kernel(const DeltaRuleDims& dims, const Opts& opts, bool chunked_layo
   if (chunked_layout) {
     near_chunked_states(ck.download(), ck_ref, d, opts.tol);
   } else {  // the part the recurrent kernels fill (the buffer may be larger: delta_rule.h)
-    const size_t used = lrnn::ops::delta_rule_ckpt_u_offset(d) + p.N * d.H * d.n_h * d.Dv;
+    const size_t used = lrnn::ops::delta_rule_recurrent_ckpt_size(d);
     auto got = ck.download();
     got.resize(used);
     near(got, std::vector<float>(ck_ref.begin(), ck_ref.begin() + used), opts.tol, "chunk checkpoints");

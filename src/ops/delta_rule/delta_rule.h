@@ -51,6 +51,7 @@ constexpr int kDeltaChunk = 16;
 // (the chunk's corrected values) [B*H*nchunks][kGpuChunkEvents][Dv].
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d);
 size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d);
+size_t delta_rule_recurrent_ckpt_size(const DeltaRuleDims& d);  // the states and u above alone
 constexpr int kGpuChunkEvents = 64;
 int delta_rule_gpu_chunk_tokens(int n_h);  // 64 / n_h tokens (at least 1)
 size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d);

@@ -95,6 +95,49 @@ __device__ __forceinline__ void put_tile(FragC& acc, float* out, int ldo, const 
   wmma::store_matrix_sync(out + size_t(m0) * ldo + n0, acc, ldo, wmma::mem_row_major);
 }
 
+// acc += a b in TF32, or with PRECISE also the two remainder products first (al b + a bl: the
+// operands' TF32 remainders, see to_tf32), which gives fp32-level accuracy.
+template <bool PRECISE, class FA, class FB>
+__device__ __forceinline__ void mma_tf32(FragC& acc, const FA& a, const FA& al, const FB& b, const FB& bl) {
+  if (PRECISE) {
+    wmma::mma_sync(acc, al, b, acc);
+    wmma::mma_sync(acc, a, bl, acc);
+  }
+  wmma::mma_sync(acc, a, b, acc);
+}
+
+// The strips of mm below, NT tiles of 16 x 16 wide, sharing each A fragment.
+template <int NT, bool AT, bool BT, bool PRECISE>
+__device__ void mm_strips(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
+                          float alpha, const float* cin, int ldc, float beta) {
+  const int warp = threadIdx.x >> 5, sn = N / (16 * NT), strips = (M >> 4) * sn;
+  for (int t = warp; t < strips; t += kWarps) {
+    const int m0 = (t / sn) << 4, n0 = (t % sn) * 16 * NT;
+    FragC acc[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) wmma::fill_fragment(acc[j], 0.f);
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      FragA<AT> a, al;
+      FragB<BT> b[NT], bl[NT];
+      wmma::load_matrix_sync(a, AT ? A + size_t(k0) * lda + m0 : A + size_t(m0) * lda + k0, lda);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int n = n0 + 16 * j;
+        wmma::load_matrix_sync(b[j], BT ? B + size_t(n) * ldb + k0 : B + size_t(k0) * ldb + n, ldb);
+      }
+      to_tf32<PRECISE>(a, al);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        to_tf32<PRECISE>(b[j], bl[j]);
+        mma_tf32<PRECISE>(acc[j], a, al, b[j], bl[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) put_tile(acc[j], out, ldo, cin, ldc, m0, n0 + 16 * j, alpha, beta);
+  }
+}
+
 // out[M x N] = alpha op(A) op(B) + beta cin, by all warps of the block. op(A) is M x K: A[m*lda + k],
 // or with AT A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with BT B[n*ldb + k]. M, N multiples of
 // 16, K of 8; pointers 32-byte aligned, leading dims multiples of 4. cin may be out (each tile reads
@@ -106,61 +149,8 @@ __device__ __forceinline__ void put_tile(FragC& acc, float* out, int ldo, const 
 template <bool AT, bool BT, bool PRECISE>
 __device__ void mm(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
                    float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
-  const int warp = threadIdx.x >> 5;
-  auto a_at = [&](int m0, int k0) { return AT ? A + size_t(k0) * lda + m0 : A + size_t(m0) * lda + k0; };
-  auto b_at = [&](int k0, int n0) { return BT ? B + size_t(n0) * ldb + k0 : B + size_t(k0) * ldb + n0; };
-  if ((N & 31) == 0) {
-    const int sn = N >> 5, strips = (M >> 4) * sn;
-    for (int t = warp; t < strips; t += kWarps) {
-      const int m0 = (t / sn) << 4, n0 = (t % sn) << 5;
-      FragC acc0, acc1;
-      wmma::fill_fragment(acc0, 0.f);
-      wmma::fill_fragment(acc1, 0.f);
-#pragma unroll 2
-      for (int k0 = 0; k0 < K; k0 += 8) {
-        FragA<AT> a, al;
-        FragB<BT> b0, b0l, b1, b1l;
-        wmma::load_matrix_sync(a, a_at(m0, k0), lda);
-        wmma::load_matrix_sync(b0, b_at(k0, n0), ldb);
-        wmma::load_matrix_sync(b1, b_at(k0, n0 + 16), ldb);
-        to_tf32<PRECISE>(a, al);
-        to_tf32<PRECISE>(b0, b0l);
-        to_tf32<PRECISE>(b1, b1l);
-        if (PRECISE) {
-          wmma::mma_sync(acc0, al, b0, acc0);
-          wmma::mma_sync(acc0, a, b0l, acc0);
-          wmma::mma_sync(acc1, al, b1, acc1);
-          wmma::mma_sync(acc1, a, b1l, acc1);
-        }
-        wmma::mma_sync(acc0, a, b0, acc0);
-        wmma::mma_sync(acc1, a, b1, acc1);
-      }
-      put_tile(acc0, out, ldo, cin, ldc, m0, n0, alpha, beta);
-      put_tile(acc1, out, ldo, cin, ldc, m0, n0 + 16, alpha, beta);
-    }
-    return;
-  }
-  const int tn = N >> 4, tiles = (M >> 4) * tn;
-  for (int t = warp; t < tiles; t += kWarps) {
-    const int m0 = (t / tn) << 4, n0 = (t % tn) << 4;
-    FragC acc;
-    wmma::fill_fragment(acc, 0.f);
-#pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      FragA<AT> a, al;
-      FragB<BT> b, bl;
-      wmma::load_matrix_sync(a, a_at(m0, k0), lda);
-      wmma::load_matrix_sync(b, b_at(k0, n0), ldb);
-      to_tf32<PRECISE>(a, al);
-      to_tf32<PRECISE>(b, bl);
-      if (PRECISE) {
-        wmma::mma_sync(acc, al, b, acc);
-        wmma::mma_sync(acc, a, bl, acc);
-      }
-      wmma::mma_sync(acc, a, b, acc);
-    }
-    put_tile(acc, out, ldo, cin, ldc, m0, n0, alpha, beta);
-  }
+  if ((N & 31) == 0) mm_strips<2, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else mm_strips<1, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -843,12 +833,19 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   return a;
 }
 
-// name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under.
-template <class K>
-void launch(K kernel, const char* name, dim3 grid, size_t smem, const Args& a) {
+// name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under. Each kernel is opted in to the
+// device's whole shared memory once, on its first launch (delta_rule_chunked_cuda_applies keeps
+// every size within it).
+template <auto Kernel>
+void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
   lrnn::cuda::OpTimer timer(name);
-  LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, kThreads, smem, lrnn::cuda::stream()>>>(a);
+  static const bool allowed = [] {
+    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         lrnn::cuda::max_smem_optin()));
+    return true;
+  }();
+  (void)allowed;
+  Kernel<<<grid, kThreads, smem, lrnn::cuda::stream()>>>(a);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
@@ -856,18 +853,18 @@ template <bool P>
 void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch(prep_kernel<P>, "delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch(state_kernel<P>, "delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
-  if (outputs) launch(output_kernel<P>, "delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
+  launch<prep_kernel<P>>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch<state_kernel<P>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+  if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
 }
 
 template <bool P>
 void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch(prep_kernel<P>, "delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch(dstate_kernel<P>, "delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
-  launch(grad_kernel<P>, "delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
+  launch<prep_kernel<P>>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
 }
 
 bool precise() { return lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::FP32; }

@@ -74,9 +74,11 @@ size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d) {
   const size_t nc = (size_t(d.T) + delta_rule_gpu_chunk_tokens(d.n_h) - 1) / delta_rule_gpu_chunk_tokens(d.n_h);
   return size_t(d.B) * d.H * ((nc + 1) * d.Dk * d.Dv + nc * kGpuChunkEvents * d.Dv);
 }
+size_t delta_rule_recurrent_ckpt_size(const DeltaRuleDims& d) {
+  return delta_rule_ckpt_u_offset(d) + size_t(d.B) * d.H * d.T * d.n_h * d.Dv;
+}
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d) {
-  return std::max(delta_rule_ckpt_u_offset(d) + size_t(d.B) * d.H * d.T * d.n_h * d.Dv,
-                  delta_rule_gpu_chunked_ckpt_size(d));
+  return std::max(delta_rule_recurrent_ckpt_size(d), delta_rule_gpu_chunked_ckpt_size(d));
 }
 
 // DK, DV > 0: head dims known at compile time (the loops unroll and vectorise fully); 0: any.

@@ -1234,7 +1234,7 @@ bool chunked(const DeltaRuleDims& d, bool gated) {
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d, bool gated) {
   if (DeltaKernel(g_kernel.load()) != DeltaKernel::Auto) return ops::delta_rule_ckpt_size(d);
   if (chunked(d, gated)) return delta_rule_gpu_chunked_ckpt_size(d);
-  return delta_rule_ckpt_u_offset(d) + size_t(d.B) * d.H * d.T * d.n_h * d.Dv;
+  return delta_rule_recurrent_ckpt_size(d);
 }
 
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
