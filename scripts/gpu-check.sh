@@ -5,10 +5,11 @@
 # keeps what it finished) goes to $OUT (default gpu-check-out/), the logs to $LOGS (default $OUT;
 # a device call brings back only a few files: keep them apart and tar them).
 # SECTIONS picks what runs (default "tests bench parity"; "kernel" times the delta-rule kernels
-# alone, lrnn's recurrent and chunked forms next to fla's; "dist" and "dist-speed" check data
-# parallelism on a machine with several GPUs; add lm-train, lm-speed, lm-gen for the
-# language-model checks below, which want data/shakespeare from scripts/demo_lm.sh and, for the fla
-# side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests (a gtest filter, default all).
+# alone, lrnn's recurrent and chunked forms next to fla's; "dist", "dist-kill" (a dead rank; also
+# part of dist) and "dist-speed" check data parallelism on a machine with several GPUs; add
+# lm-train, lm-speed, lm-gen for the language-model checks below, which want data/shakespeare from
+# scripts/demo_lm.sh and, for the fla side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests
+# (a gtest filter, default all).
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -160,11 +161,23 @@ run_checks() {
   cat "$sum"
 }
 
-# Data parallelism over the machine's GPUs (SECTIONS dist, dist-speed): NCCL from PyTorch's wheel.
+# The LM of lm_checks, smaller: context 256, global batch 16.
+dist_lm_config() {
+  cat >"$1" <<YAML
+training: {num_steps: 40, batch_size: 16, lr: 2.0e-3, warmup_steps: 10, weight_decay: 0.01, val_every: 0,
+           checkpoint_every: 20, beta2: 0.95, grad_clip: 1.0}
+model: {model_type: delta_net, hidden_size: 256, num_hidden_layers: 4, num_heads: 4, allow_neg_eigval: true}
+task: {name: lm, data: data/shakespeare, context: 256, eval_batch_size: 16, eval_tokens: 32768}
+logging: {log_every: 5, progress: none}
+YAML
+}
+
+# Data parallelism over the machine's GPUs (SECTIONS dist, dist-kill, dist-speed): NCCL from
+# PyTorch's wheel.
 dist_checks() {
   local bin=$1 sum="$OUT/summary.md" runs=/tmp/lrnn-gpu-dist
   want() { [[ " ${SECTIONS:-tests bench parity} " == *" $1 "* ]]; }
-  want dist || want dist-speed || return 0
+  want dist || want dist-kill || want dist-speed || return 0
   mkdir -p "$runs"
   local n
   n=$(nvidia-smi -L | wc -l)
@@ -174,22 +187,16 @@ dist_checks() {
     [[ -n "$LRNN_NCCL_LIBRARY" ]] && export LRNN_NCCL_LIBRARY
   fi
   echo "GPUs: $n; NCCL: ${LRNN_NCCL_LIBRARY:-the dynamic loader default}" >>"$sum"
+  local k t0
   export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
   # A rank that waits longer than this for the others gives up (the default, 1800 s, suits long
   # evaluations, not a check).
   export LRNN_DIST_TIMEOUT=${LRNN_DIST_TIMEOUT:-60}
   if want dist; then
     echo "== data parallelism: 1, 2, 4 GPUs at one global batch"
-    # The LM of lm_checks, smaller: context 256, global batch 16, fp32 GEMMs (LRNN_CUDA_TF32=0) so
-    # that only the order of the reductions differs between GPU counts.
-    cat >"$runs/lm.yaml" <<YAML
-training: {num_steps: 40, batch_size: 16, lr: 2.0e-3, warmup_steps: 10, weight_decay: 0.01, val_every: 0,
-           checkpoint_every: 20, beta2: 0.95, grad_clip: 1.0}
-model: {model_type: delta_net, hidden_size: 256, num_hidden_layers: 4, num_heads: 4, allow_neg_eigval: true}
-task: {name: lm, data: data/shakespeare, context: 256, eval_batch_size: 16, eval_tokens: 32768}
-logging: {log_every: 5, progress: none}
-YAML
-    local k t0 t1
+    # fp32 GEMMs (LRNN_CUDA_TF32=0), so that only the order of the reductions differs between GPU
+    # counts.
+    dist_lm_config "$runs/lm.yaml"
     for k in 1 2 4; do
       [[ $k -le $n ]] || continue
       LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus "$k" --force --out "$runs/lm_g$k" \
@@ -219,41 +226,6 @@ YAML
         LRNN_CUDA_TF32=0 timeout 100 "$bin/lrnn" train --resume "$runs/lm_resume$k" --gpus "$k" \
           >"$LOGS/dist_resume$k.log" 2>&1 || true
       done
-      # A rank killed (SIGKILL) at step 10 under the launcher: how long until the job is down.
-      # (set -e: every status that is the point of a check is caught with || rc=$?.)
-      local rc=0
-      t0=$(date +%s.%N)
-      LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
-        --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1 || rc=$?
-      echo "exit $rc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s from the start (the kill is at step 10)" >>"$LOGS/dist_kill.log"
-      # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
-      # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s). Each rank is exec'd from its
-      # subshell, so $! is the rank itself (a `timeout` wrapper there would be what gets killed).
-      local port=$((20000 + RANDOM % 20000)) p0 p1
-      for r in 0 1; do
-        (
-          export RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20
-          exec "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
-            --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1
-        ) &
-        if [[ $r == 0 ]]; then p0=$!; else p1=$!; fi
-      done
-      for _ in $(seq 40); do
-        [[ -f "$runs/lm_kill_srun/metrics.jsonl" ]] && [[ $(wc -l <"$runs/lm_kill_srun/metrics.jsonl") -ge 2 ]] && break
-        sleep 1
-      done
-      kill -9 "$p1" || true
-      t0=$(date +%s.%N)
-      for _ in $(seq 90); do
-        kill -0 "$p0" 2>/dev/null || break
-        sleep 1
-      done
-      local still=""
-      if kill -0 "$p0" 2>/dev/null; then still=" (still running: killed by the check)"; kill -9 "$p0" || true; fi
-      rc=0
-      wait "$p0" || rc=$?
-      wait "$p1" || true
-      echo "rank 0: exit $rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed$still" >>"$LOGS/dist_kill_srun0.log"
     fi
     python3 - "$runs" "$LOGS" >>"$sum" <<'PY' || true
 import json, os, sys
@@ -279,6 +251,50 @@ table("Data parallelism: LM loss per step, 1 / 2 / 4 GPUs, global batch 16 x 256
       [("1 GPU", "lm_g1"), ("2 GPUs", "lm_g2"), ("4 GPUs", "lm_g4"), ("saved on 2 -> resumed on 1", "lm_resume1"),
        ("saved on 2 -> resumed on 4", "lm_resume4"), ("2 GPUs x 2 micro-batches", "lm_g2_acc2")])
 table("Data parallelism: parity (unequal label counts), 1 vs 2 GPUs", [("1 GPU", "parity_g1"), ("2 GPUs", "parity_g2")])
+PY
+    (cd "$runs" && tar czf "$OUT/dist_runs.tar.gz" */metrics.jsonl */config.yaml 2>/dev/null) || true
+  fi
+  # A dead rank (SECTIONS dist-kill, also part of dist): how long until the job is down.
+  if (want dist || want dist-kill) && [[ $n -ge 2 ]]; then
+    [[ -f "$runs/lm.yaml" ]] || dist_lm_config "$runs/lm.yaml"
+    # A rank killed (SIGKILL) at step 10 under the launcher: how long until the job is down.
+    # (set -e: every status that is the point of a check is caught with || rc=$?.)
+    local rc=0
+    t0=$(date +%s.%N)
+    LRNN_FAULT_KILL_RANK=1 LRNN_FAULT_KILL_AFTER_STEP=10 timeout 90 "$bin/lrnn" train --config "$runs/lm.yaml" --gpus 2 \
+      --force --out "$runs/lm_kill" --set training.num_steps=100000 >"$LOGS/dist_kill.log" 2>&1 || rc=$?
+    echo "exit $rc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s from the start (the kill is at step 10)" >>"$LOGS/dist_kill.log"
+    # The same without the launcher (ranks started as a scheduler would): rank 1 killed from
+    # outside; rank 0 must give up after LRNN_DIST_TIMEOUT (20 s). Each rank is exec'd from its
+    # subshell, so $! is the rank itself (a `timeout` wrapper there would be what gets killed).
+    local port=$((20000 + RANDOM % 20000)) p0 p1
+    for r in 0 1; do
+      (
+        export RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LRNN_DIST_TIMEOUT=20
+        exec "$bin/lrnn" train --config "$runs/lm.yaml" --device cuda --force --out "$runs/lm_kill_srun" \
+          --set training.num_steps=100000 >"$LOGS/dist_kill_srun$r.log" 2>&1
+      ) &
+      if [[ $r == 0 ]]; then p0=$!; else p1=$!; fi
+    done
+    for _ in $(seq 40); do
+      [[ -f "$runs/lm_kill_srun/metrics.jsonl" ]] && [[ $(wc -l <"$runs/lm_kill_srun/metrics.jsonl") -ge 2 ]] && break
+      sleep 1
+    done
+    kill -9 "$p1" || true
+    t0=$(date +%s.%N)
+    for _ in $(seq 90); do
+      kill -0 "$p0" 2>/dev/null || break
+      sleep 1
+    done
+    local still=""
+    if kill -0 "$p0" 2>/dev/null; then still=" (still running: killed by the check)"; kill -9 "$p0" || true; fi
+    rc=0
+    wait "$p0" || rc=$?
+    wait "$p1" || true
+    echo "rank 0: exit $rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s after rank 1 was killed$still" >>"$LOGS/dist_kill_srun0.log"
+    python3 - "$LOGS" >>"$sum" <<'PY' || true
+import os, sys
+logs = sys.argv[1]
 print("## A killed rank\n")
 for f, what in (("dist_kill.log", "--gpus 2, rank 1 SIGKILLed at step 10"),
                 ("dist_kill_srun0.log", "ranks started by hand (LRNN_DIST_TIMEOUT=20), rank 1 SIGKILLed")):
@@ -286,7 +302,6 @@ for f, what in (("dist_kill.log", "--gpus 2, rank 1 SIGKILLed at step 10"),
     lines = open(p).read().strip().splitlines()[-3:] if os.path.exists(p) else ["(not run)"]
     print(f"{what}:\n" + "\n".join("    " + l for l in lines) + "\n")
 PY
-    (cd "$runs" && tar czf "$OUT/dist_runs.tar.gz" */metrics.jsonl */config.yaml 2>/dev/null) || true
   fi
   if want dist-speed; then
     echo "== data parallelism: tokens/s at the P2 340M shape, lrnn, then PyTorch DDP + fla"
@@ -313,8 +328,13 @@ YAML
       [[ $k == 1 ]] && base=$v
       echo "| lrnn (ZeRO-1, NCCL) | $k | $v | $(python3 -c "print(f'{$v / ($k * $base):.2f}')" 2>/dev/null || echo -) |" >>"$sum"
     done
+    # The peer: 1 GPU first (Triton compiles and autotunes into its on-disk caches), then the
+    # largest count, then the rest, so a call cut short still has the 1-GPU base and the widest row.
     base=""
-    for k in ${DIST_GPUS:-1 2 4 8}; do
+    export TRITON_CACHE_AUTOTUNING=1
+    local order
+    order=$(echo ${DIST_GPUS:-1 2 4 8} | tr ' ' '\n' | sort -n | awk 'NR == 1 {print; next} {r = $0 " " r} END {print r}' | xargs)
+    for k in $order; do
       [[ $k -le $n ]] || continue
       v=$(timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node "$k" bench/lm_fla.py train --model delta_net \
         --layers 24 --hidden 1024 --heads 8 --batch 8 --steps 8 --warmup 3 2>"$LOGS/dist_fla_g$k.err" | tail -n 1 |

@@ -73,6 +73,18 @@ int max_smem_optin() {
   return v;
 }
 
+size_t max_dynamic_smem(const void* kernel) {
+  cudaFuncAttributes attr{};
+  LRNN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const size_t most = size_t(max_smem_optin());
+  return attr.sharedSizeBytes >= most ? 0 : most - attr.sharedSizeBytes;
+}
+
+void allow_max_dynamic_smem(const void* kernel) {
+  LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(max_dynamic_smem(kernel))));
+}
+
 namespace {
 
 struct Context {

@@ -39,6 +39,12 @@ std::string runtime_version();
 int num_sms();
 // The most shared memory one block may opt in to, in bytes (queried once).
 int max_smem_optin();
+// The most dynamic shared memory a launch of `kernel` may ask for: max_smem_optin() less the
+// kernel's static __shared__ arrays (asking for more than that fails with "invalid argument").
+size_t max_dynamic_smem(const void* kernel);
+// Opts `kernel` in to max_dynamic_smem(kernel). Call once per kernel, before a graph capture
+// that launches it (the kernels keep a static flag).
+void allow_max_dynamic_smem(const void* kernel);
 // The stream every lrnn op launches on (created on first use): the main stream, or the side
 // stream between fork() and unfork().
 cudaStream_t stream();

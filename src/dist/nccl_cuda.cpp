@@ -163,8 +163,14 @@ void Nccl::wait(cudaEvent_t event, const char* what) {
       std::fprintf(stderr, "lrnn: rank %d of %d, waiting for %s: %s; aborting the job\n", w_.rank, w_.size, what,
                    why.c_str());
       std::fflush(stderr);
-      api().CommAbort(comm_);
+      // ncclCommAbort can itself block while a collective kernel still waits for the dead peer (seen
+      // on 2 x H100, NCCL 2.28.9: rank 0 printed the line above and was still running 70 s later),
+      // so it gets a few seconds on a thread of its own; the exit does not wait longer than that.
+      // Process exit tears the CUDA context down, kernels included.
+      void* comm = comm_;
       comm_ = nullptr;
+      std::thread([comm] { api().CommAbort(comm); }).detach();
+      std::this_thread::sleep_for(std::chrono::seconds(5));
       std::_Exit(3);  // no destructors: they would wait on a stream that may never finish
     }
     if (spin > 100) std::this_thread::sleep_for(std::chrono::microseconds(200));

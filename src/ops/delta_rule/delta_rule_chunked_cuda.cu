@@ -833,15 +833,14 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   return a;
 }
 
-// name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under. Each kernel is opted in to the
-// device's whole shared memory once, on its first launch (delta_rule_chunked_cuda_applies keeps
-// every size within it).
+// name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under. Each kernel is opted in to all
+// the dynamic shared memory it may have once, on its first launch (delta_rule_chunked_cuda_applies
+// keeps every size within it).
 template <auto Kernel>
 void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
   lrnn::cuda::OpTimer timer(name);
   static const bool allowed = [] {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         lrnn::cuda::max_smem_optin()));
+    lrnn::cuda::allow_max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
     return true;
   }();
   (void)allowed;
@@ -867,6 +866,13 @@ void backward_impl(const Args& a, const DeltaRuleDims& d) {
   launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
 }
 
+// The dynamic shared memory a kernel may have (queried once per kernel).
+template <auto Kernel>
+size_t dynamic_smem_limit() {
+  static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
+  return v;
+}
+
 bool precise() { return lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::FP32; }
 
 void set_inputs(Args& a, const float* q, const float* k, const float* v, const float* bl, const float* g) {
@@ -877,9 +883,13 @@ void set_inputs(Args& a, const float* q, const float* k, const float* v, const f
 
 bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
   if (d.Dk % 16 || d.Dv % 16 || d.Dk <= 0 || d.Dv <= 0 || d.n_h > kE) return false;
-  const size_t most = size_t(lrnn::cuda::max_smem_optin());
   const Geometry gm = geometry(d);
-  return std::max({prep_smem(d), state_smem(d, gm), output_smem(d, gm), dstate_smem(d, gm), grad_smem(d)}) <= most;
+  // The static arrays (G, gates, ...) do not depend on the precision parameter: one instance tells.
+  return prep_smem(d) <= dynamic_smem_limit<prep_kernel<false>>() &&
+         state_smem(d, gm) <= dynamic_smem_limit<state_kernel<false>>() &&
+         output_smem(d, gm) <= dynamic_smem_limit<output_kernel<false>>() &&
+         dstate_smem(d, gm) <= dynamic_smem_limit<dstate_kernel<false>>() &&
+         grad_smem(d) <= dynamic_smem_limit<grad_kernel<false>>();
 }
 
 // Measured on one H100 in one run (gpu-check's kernel section: tests/cuda

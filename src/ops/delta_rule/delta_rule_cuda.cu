@@ -1028,11 +1028,11 @@ int padded_dk(int Dk) {
 
 using ::lrnn::cuda::max_smem_optin;
 
-// Allows the kernel the device's whole opt-in shared memory (once per kernel).
+// Allows the kernel all the dynamic shared memory it may have (once per kernel).
 template <auto Kernel>
 void allow_smem() {
   static const bool done = [] {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem_optin()));
+    ::lrnn::cuda::allow_max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
     return true;
   }();
   (void)done;

@@ -609,7 +609,7 @@ void allow_smem(K kernel, size_t smem, bool& done) {
   LRNN_CHECK(smem <= size_t(max_smem_optin()), "mLSTM head dim too large for the CUDA kernel ({} bytes of shared memory)",
              smem);
   if (smem > 48 * 1024 && !done) {
-    LRNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem_optin()));
+    ::lrnn::cuda::allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
     done = true;
   }
 }

@@ -454,8 +454,7 @@ void slstm_backward(float* dwx, float* dR, float* dbias, const float* dy, const 
   if (smem > 48 * 1024) {
     static bool set = false;  // the opt-in, once (before any graph capture uses it)
     if (!set) {
-      LRNN_CUDA_CHECK(cudaFuncSetAttribute(slstm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           max_smem_optin()));
+      ::lrnn::cuda::allow_max_dynamic_smem(reinterpret_cast<const void*>(slstm_backward_kernel));
       set = true;
     }
   }
