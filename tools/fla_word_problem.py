@@ -4,7 +4,7 @@ step by step: same model (fla's GatedDeltaProductForCausalLM built from the run'
 same initial weights (the run's model.safetensors), samples by the same definition (the group's
 table from `lrnn data` with the run's task block; the evaluation set is lrnn's own), same recipe (the run's config.yaml: AdamW, betas, eps, weight decay, warm-up + cosine to
 min_lr, clipping, steps, batch). Writes metrics.jsonl lines like lrnn's (type train: step, loss,
-grad_norm, lr; plus beta_mean and beta_gt1, the mean of beta over the batch's sub-steps and the
+grad_norm, lr; bf16 autocast, as fla's DeltaProduct kernels require; plus beta_mean and beta_gt1, the mean of beta over the batch's sub-steps and the
 fraction of them above 1 — the negative eigenvalues) and a final eval line with the sequence
 accuracy up to each length (all predictions right from position 1 to t) on the eval split.
 
@@ -168,7 +168,8 @@ def main():
             grp["lr"] = lr_at(step, steps, warmup, lr, min_lr)
         x, y = batch()
         betas.clear()
-        logits = model(input_ids=x).logits.float()
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # fla's DeltaProduct kernels take bf16 only
+            logits = model(input_ids=x).logits.float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -194,7 +195,8 @@ def main():
     with torch.no_grad():
         for s in range(0, n_eval, 64):
             x, y = ex[s:s + 64].cuda(), ey[s:s + 64].cuda()
-            pred = model(input_ids=x).logits.argmax(-1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                pred = model(input_ids=x).logits.argmax(-1)
             right = (pred == y) | (y < 0)
             ok_prefix.append(right.cumprod(dim=1).float().cpu())
     acc = torch.cat(ok_prefix).mean(0)
