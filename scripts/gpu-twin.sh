@@ -13,6 +13,7 @@ CONFIG=${3:-configs/state_tracking/s5_deltaproduct_nh4_neg.yaml}
 SECONDS_=${SECONDS_RUN:-240}
 POOL=${POOL:-100000}
 SEED=${SEED:-0}
+export TRITON_CACHE_AUTOTUNING=1  # (fla's autotuning took minutes: keep it for the next process)
 mkdir -p "$OUT"
 init=$(mktemp -d)
 # The initial weights: one step at lr 0 leaves them as drawn from the seed (lrnn's run below draws
@@ -20,13 +21,15 @@ init=$(mktemp -d)
 "$BIN/lrnn" train --config "$CONFIG" --out "$init" --force --set training.num_steps=1 --set training.lr=0 \
   --set training.warmup_steps=0 --set training.val_every=0 --set task.eval_samples=64 --set training.seed="$SEED" \
   --set logging.progress=none >"$OUT/init.log" 2>&1 || { echo "init run failed"; tail "$OUT/init.log"; exit 1; }
-# lrnn stops at SIGINT after the step it is in and saves a checkpoint; then the same evaluation.
-(
+# lrnn stops at SIGINT after the step it is in and saves a checkpoint; then the same evaluation
+# (LRNN=0 leaves lrnn's run out).
+p1=
+[[ "${LRNN:-1}" == 0 ]] || (
   timeout -s INT "$SECONDS_" "$BIN/lrnn" train --config "$CONFIG" --out "$OUT/lrnn" --force --set training.device=cuda \
     --set training.seed="$SEED" --set training.val_every=0 --set logging.progress=none
   "$BIN/lrnn" eval --run "$OUT/lrnn" --set task.eval_samples=512
 ) >"$OUT/lrnn.log" 2>&1 &
-p1=$!
+[[ "${LRNN:-1}" == 0 ]] || p1=$!
 python3 tools/fla_word_problem.py --run "$init" --config "$CONFIG" --lrnn "$BIN/lrnn" --out "$OUT/fla_fresh" --max-seconds "$SECONDS_" \
   --eval-samples 512 --seed "$SEED" >"$OUT/fla_fresh.log" 2>&1 &
 p2=$!
@@ -36,7 +39,7 @@ if [[ "$POOL" != 0 ]]; then
     --eval-samples 512 --seed "$SEED" --pool "$POOL" >"$OUT/fla_pool.log" 2>&1 &
   p3=$!
 fi
-wait $p1 $p2 $p3
+wait $p1 $p2 $p3  # (unquoted: the empty ones drop out)
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]

@@ -200,6 +200,7 @@ def main():
             right = (pred == y) | (y < 0)
             ok_prefix.append(right.cumprod(dim=1).float().cpu())
     acc = torch.cat(ok_prefix).mean(0)
+    bos = 1 if task.get("bos", False) else 0
     curve = {int(t): float(acc[t - 1 + bos]) for t in (8, 16, 32, 64, 128, 192, 256, 384, 512)
              if t - 1 + bos < acc.shape[0]}
     line = {"type": "eval", "step": step + 1, "sequence_accuracy_up_to": curve, "samples": n_eval,
