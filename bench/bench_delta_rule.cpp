@@ -22,7 +22,6 @@ void delta_rule(benchmark::State& state, bool chunked) {
   DeltaRuleDims d;
   d.B = B; d.T = T; d.H = H; d.Dk = D; d.Dv = D; d.n_h = nh; d.range = EigenRange::Signed;
   const size_t N = size_t(B) * T;
-  Rng r{1, 2};
   auto fill = [&](size_t n, uint64_t stream, float scale) {
     std::vector<float> v(n);
     Rng rr{1, stream};

@@ -108,7 +108,9 @@ void expect_same(const Inputs& in, const std::string& what, double tol = 1e-10) 
   EXPECT_LT(rel(a.dk, b.dk), tol) << "dk";
   EXPECT_LT(rel(a.dv, b.dv), tol) << "dv";
   EXPECT_LT(rel(a.dbl, b.dbl), tol) << "dbeta_logit";
-  if (in.gated) EXPECT_LT(rel(a.dg, b.dg), tol) << "dg";
+  if (in.gated) {
+    EXPECT_LT(rel(a.dg, b.dg), tol) << "dg";
+  }
 }
 
 DeltaRuleDims dims(int B, int T, int H, int Dk, int Dv, int nh, EigenRange r) {
