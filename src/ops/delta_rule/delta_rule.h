@@ -18,6 +18,7 @@
 // start (or end), so memory is O(T/C·Dk·Dv + T·n_h·Dv) per (b,h). The checkpoints come from the
 // forward when it was given a `ckpt` buffer (training), else they are recomputed.
 #pragma once
+#include <cstdint>
 #include "ops/common/math.h"
 
 namespace lrnn::ops {
@@ -70,6 +71,23 @@ template <class T>
 void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
                          const T* k, const T* v, const T* beta_logit, const T* g,
                          const DeltaRuleDims& d, const T* ckpt = nullptr, bool accumulate = true);
+
+// Variable-length sequences packed in one row (fla's cu_seqlens): with d.B = 1 and d.T = cu[N],
+// sequence i is tokens [cu[i], cu[i+1]) (cu[0] = 0, non-decreasing; empty sequences allowed),
+// and each starts from a zero state — documents packed into one context that must not see each
+// other — or, for inference, from state[i] ([N,H,Dk,Dv], which receives its final state). Each
+// sequence runs through delta_rule_forward / delta_rule_backward above (algorithm by its own
+// length), one after the other; their checkpoints lie back to back in `ckpt`
+// (delta_rule_varlen_ckpt_size elements).
+size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N);
+template <class T>
+void delta_rule_forward_varlen(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
+                               const DeltaRuleDims& d, const int64_t* cu_seqlens, int N, T* ckpt = nullptr,
+                               T* state = nullptr);
+template <class T>
+void delta_rule_backward_varlen(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q, const T* k,
+                                const T* v, const T* beta_logit, const T* g, const DeltaRuleDims& d,
+                                const int64_t* cu_seqlens, int N, const T* ckpt = nullptr, bool accumulate = true);
 
 // Two algorithms behind the two functions above (CPU), chosen by shape (delta_rule_chunked_pays):
 // the recurrent loop (the reference: a token at a time, matrix-vector products) and the chunked
