@@ -38,6 +38,28 @@ template <class T>
   }
 }
 
+// The same sub-step out of place: Sout = Sin + beta k u^T, u = v - Sin^T k (the backward keeps
+// every state of a chunk, so it writes each one next to the last instead of copying it first).
+template <class T>
+[[gnu::always_inline]] inline void householder_step_from(T* __restrict Sout, const T* __restrict Sin, T* __restrict u,
+                                                         const T* __restrict kk, const T* __restrict vv, T beta, int Dk,
+                                                         int Dv) {
+  for (int c = 0; c < Dv; ++c) u[c] = vv[c];
+  for (int i = 0; i < Dk; ++i) {
+    const T ki = kk[i];
+    const T* Si = Sin + size_t(i) * Dv;
+#pragma omp simd
+    for (int c = 0; c < Dv; ++c) u[c] -= ki * Si[c];
+  }
+  for (int i = 0; i < Dk; ++i) {
+    const T bk = beta * kk[i];
+    const T* Si = Sin + size_t(i) * Dv;
+    T* So = Sout + size_t(i) * Dv;
+#pragma omp simd
+    for (int c = 0; c < Dv; ++c) So[c] = Si[c] + bk * u[c];
+  }
+}
+
 template <class T>
 [[gnu::always_inline]] inline void read_out(T* __restrict o, const T* __restrict S, const T* __restrict qq, T scale, int Dk, int Dv) {
   for (int c = 0; c < Dv; ++c) o[c] = 0;
@@ -137,10 +159,9 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
       const int b = bh / H, h = bh % H;
       const Offsets off(d, b, h);
       Seq<T> s(d, off, q, k, v, beta_logit, g);
-      // Pass 1: states at chunk starts (from the forward when it saved them).
-      if (saved) {
-        std::copy_n(saved + size_t(bh) * (nchunks + 1) * SS, size_t(nchunks) * SS, ckpt);
-      } else {
+      // Pass 1: states at chunk starts (read from the forward's checkpoints when it saved them).
+      const T* starts = saved ? saved + size_t(bh) * (nchunks + 1) * SS : ckpt;
+      if (!saved) {
         std::fill_n(ckpt, SS, T(0));
         for (int c = 0; c + 1 < nchunks; ++c) {
           std::copy_n(ckpt + c * SS, SS, ckpt + (c + 1) * SS);
@@ -152,7 +173,7 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
       std::fill_n(dS, SS, T(0));
       for (int c = nchunks - 1; c >= 0; --c) {
         const int t0 = c * kChunk, t1 = std::min(Tn, t0 + kChunk);
-        std::copy_n(ckpt + c * SS, SS, st);
+        std::copy_n(starts + c * SS, SS, st);
         for (int t = t0; t < t1; ++t) {
           T* base = st + size_t(t - t0) * ev * SS;  // state before token t
           if (g) {
@@ -161,10 +182,9 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
           }
           T* first = g ? base + SS : base;  // state before sub-step 0
           for (int j = 0; j < nh; ++j) {
-            T* Sj = first + size_t(j) * SS;
-            std::copy_n(Sj, SS, Sj + SS);
-            householder_step(Sj + SS, us + (size_t(t - t0) * nh + j) * Dv, s.kt(t, j),
-                             s.vt(t, j), beta_of(s.blt(t, j), bscale), Dk, Dv);
+            const T* Sj = first + size_t(j) * SS;
+            householder_step_from(first + size_t(j + 1) * SS, Sj, us + (size_t(t - t0) * nh + j) * Dv, s.kt(t, j),
+                                  s.vt(t, j), beta_of(s.blt(t, j), bscale), Dk, Dv);
           }
         }
         for (int t = t1 - 1; t >= t0; --t) {
