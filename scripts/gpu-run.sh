@@ -8,6 +8,10 @@
 #   carry: .gpu (scripts/gpu-check.sh --pack .gpu; PACK=DIR names another), .whl, data (scripts/demo_lm.sh)
 #   SECTIONS="tests lm-train lm-speed lm-gen" TEST_FILTER=... CHECK_TIMEOUT=450 bash scripts/gpu-run.sh
 #   on several GPUs: PACK=.gpu-dist SECTIONS="dist dist-speed" bash scripts/gpu-run.sh
+# The peer's Triton kernels (compiled and autotuned: minutes, which cut several side-by-sides
+# short) are kept between machines: the cache comes back as $OUT/triton-cache.tgz (when under the
+# 16 MiB a returned file may have); saved as .triton-cache.tgz in the tree and carried, it is
+# unpacked before the checks.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 : "${OUT:=$PWD/gpu-check-out}"
@@ -18,6 +22,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/hf/*.whl
   fi
   export PYTHONPATH=/tmp/site
+fi
+export TRITON_CACHE_AUTOTUNING=1
+TRITON_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [[ -f .triton-cache.tgz ]]; then
+  mkdir -p "$TRITON_DIR" && tar xzf .triton-cache.tgz -C "$TRITON_DIR" && echo "Triton cache: $(du -sh "$TRITON_DIR" | cut -f1) restored"
 fi
 python3 -c "import torch, triton, fla, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -30,4 +39,8 @@ OUT="$OUT" LOGS="$LOGS" SECTIONS="${SECTIONS:-tests lm-train lm-speed lm-gen}" \
   timeout "${CHECK_TIMEOUT:-540}" bash scripts/gpu-check.sh --prebuilt "${PACK:-.gpu}"
 rc=$?
 tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+if [[ -d "$TRITON_DIR" ]] && tar czf /tmp/triton-cache.tgz -C "$TRITON_DIR" . 2>/dev/null; then
+  if [[ $(stat -c %s /tmp/triton-cache.tgz) -lt 16000000 ]]; then cp /tmp/triton-cache.tgz "$OUT/triton-cache.tgz"
+  else echo "Triton cache $(stat -c %s /tmp/triton-cache.tgz) bytes: too large to bring back"; fi
+fi
 exit $rc
