@@ -1,10 +1,10 @@
 // The chunked (WY) delta rule on the CPU (ops/delta_rule/delta_rule_chunked_cpu.cpp) against the
 // recurrent reference: outputs, final state and every gradient in double on random inputs and the
 // hard cases (beta = 2 exactly and beta -> 0, gates at 0 and at -20, T = 1, T not a multiple of the
-// chunk, long sequences, head dims 32 to 128 with k and v of different widths, n_h = 1..4, token
-// strides, a carried initial state); the fp32 error of both forms against fp64 (the chunked one
-// within twice the recurrent one's); its checkpoints; and the parity tracker through 10^4 tokens
-// of chunks.
+// chunk, long sequences, head dims 32 to 256 (100 too) with k and v of different widths, n_h =
+// 1..4, token strides, a carried initial state); the fp32 error of both forms against fp64 (the
+// chunked one within twice the recurrent one's); its checkpoints; and the parity tracker through
+// 10^4 tokens of chunks.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -130,6 +130,7 @@ TEST(DeltaRuleChunked, MatchesTheRecurrenceInDouble) {
   expect_same(Inputs(dims(1, 40, 1, 32, 32, 4, EigenRange::Signed), 6, true), "n_h = 4, T below a chunk");
   expect_same(Inputs(dims(1, 130, 1, 100, 100, 1, EigenRange::Unit), 7, true), "head dim 100");
   expect_same(Inputs(dims(1, 64, 1, 128, 128, 1, EigenRange::Signed), 8, false), "head dim 128");
+  expect_same(Inputs(dims(1, 70, 1, 256, 256, 1, EigenRange::Signed), 17, true), "head dim 256");
   expect_same(Inputs(dims(1, 1, 2, 32, 32, 2, EigenRange::Signed), 9, true), "T = 1");
   expect_same(Inputs(dims(2, 80, 2, 32, 32, 2, EigenRange::Signed), 10, true, 2.0, -3.0, 0.0, 5), "token strides");
 }
