@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """The PyTorch + fla twin of an lrnn word-problem run (P2's state tracking), for comparing the two
 step by step: same model (fla's GatedDeltaProductForCausalLM built from the run's config.json),
-same initial weights (the run's model.safetensors), samples by the same definition (the group's
-table from `lrnn data` with the run's task block; the evaluation set is lrnn's own), same recipe (the run's config.yaml: AdamW, betas, eps, weight decay, warm-up + cosine to
-min_lr, clipping, steps, batch). Writes metrics.jsonl lines like lrnn's (type train: step, loss,
-grad_norm, lr; bf16 autocast, as fla's DeltaProduct kernels require; plus beta_mean and beta_gt1, the mean of beta over the batch's sub-steps and the
-fraction of them above 1 — the negative eigenvalues) and a final eval line with the sequence
-accuracy up to each length (all predictions right from position 1 to t) on the eval split.
+same initial weights (the run's model.safetensors), words by the same definition (the group's
+table from `lrnn data` with the run's task block; the evaluation set is lrnn's own), same recipe
+(the config's AdamW, betas, eps, weight decay, warm-up + cosine to min_lr, clipping, steps,
+batch), bf16 autocast (fla's DeltaProduct kernels take nothing else). Writes, like an lrnn run,
+config.yaml (the config, with an `implementation` key that tools/plot.py keeps apart) and
+metrics.jsonl: train lines (step, loss, loss_avg, grad_norm, lr, plus beta_mean and beta_gt1: the
+mean of beta over the batch's sub-steps and the fraction of them above 1, the negative
+eigenvalues) and a final eval line with the sequence accuracy up to each length (all predictions
+right from position 1 to t) on the eval split.
 
     # an lrnn run directory with the initial weights (lr 0 for one step leaves them as drawn):
     lrnn train --config configs/state_tracking/s5_deltaproduct_nh4_neg.yaml --out init \\
@@ -158,11 +161,18 @@ def main():
         lambda m, i, o: betas.append((o.detach().float().sigmoid() * (2.0 if neg else 1.0))))
 
     os.makedirs(a.out, exist_ok=True)
+    # The recipe it followed, marked as this implementation's (tools/plot.py then draws it as a
+    # group of its own next to lrnn's run of the same config).
+    import fla
+    run_cfg = dict(cfg, implementation=f"fla {fla.__version__} + PyTorch {torch.__version__}")
+    run_cfg["training"] = dict(tr, seed=seed, num_steps=steps)
+    with open(os.path.join(a.out, "config.yaml"), "w") as f:
+        yaml.safe_dump(run_cfg, f, sort_keys=False)
     log = open(os.path.join(a.out, "metrics.jsonl"), "w")
     every = int(cfg.get("logging", {}).get("log_every", 50))
     t0 = time.time()
     model.train()
-    step = 0
+    step, since, count = 0, None, 0  # since: the losses summed since the last log line (on the GPU)
     for step in range(steps):
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step, steps, warmup, lr, min_lr)
@@ -175,14 +185,18 @@ def main():
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
         opt.step()
+        since = since + loss.detach() if since is not None else loss.detach()
+        count += 1
         if (step + 1) % every == 0 or step + 1 == steps:
             b = torch.cat([t.flatten() for t in betas])
-            line = {"type": "train", "step": step + 1, "loss": loss.item(), "grad_norm": gn.item(),
+            line = {"type": "train", "step": step + 1, "loss": loss.item(), "loss_avg": (since / count).item(),
+                    "grad_norm": gn.item(),
                     "lr": opt.param_groups[0]["lr"], "beta_mean": b.mean().item(),
                     "beta_gt1": (b > 1).float().mean().item(), "elapsed_s": time.time() - t0}
             log.write(json.dumps(line) + "\n")
             log.flush()
             print(json.dumps(line), flush=True)
+            since, count = None, 0
         if a.max_seconds and time.time() - t0 > a.max_seconds:
             break
     hook.remove()
