@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # lrnn and its PyTorch + fla twin (tools/fla_word_problem.py) side by side on one GPU, on one
 # word-problem config: same model, same initial weights, same samples and recipe, so the loss
-# curves compare step by step (docs/EXPERIMENTS.md, "Why S5 fails"). Both run at once for
-# SECONDS; fla also runs on a fixed pool of POOL sequences in epochs (P2's protocol) unless POOL=0.
+# curves compare step by step (docs/EXPERIMENTS.md, P2's state tracking). Both run at once for
+# SECONDS_RUN seconds, on the config's data (task.train_pool: a fixed set in epochs, or fresh
+# sequences); POOL=N sets the pool of both (0: fresh).
 #   scripts/gpu-twin.sh BIN_DIR OUT_DIR [CONFIG]     (BIN_DIR holds lrnn: build-gpu or a pack;
 #                                                     fla on PYTHONPATH: scripts/gpu-run.sh's wheels)
 set -uo pipefail
@@ -11,7 +12,7 @@ BIN=${1:-build-gpu}
 OUT=${2:-gpu-twin-out}
 CONFIG=${3:-configs/state_tracking/s5_deltaproduct_nh4_neg.yaml}
 SECONDS_=${SECONDS_RUN:-240}
-POOL=${POOL:-100000}
+POOL=${POOL:-}
 SEED=${SEED:-0}
 export TRITON_CACHE_AUTOTUNING=1  # (fla's autotuning took minutes: keep it for the next process)
 mkdir -p "$OUT"
@@ -26,27 +27,21 @@ init=$(mktemp -d)
 p1=
 [[ "${LRNN:-1}" == 0 ]] || (
   timeout -s INT "$SECONDS_" "$BIN/lrnn" train --config "$CONFIG" --out "$OUT/lrnn" --force --set training.device=cuda \
-    --set training.seed="$SEED" --set training.val_every=0 --set logging.progress=none
+    --set training.seed="$SEED" --set training.val_every=0 --set logging.progress=none ${POOL:+--set task.train_pool=$POOL}
   "$BIN/lrnn" eval --run "$OUT/lrnn" --set task.eval_samples=512
 ) >"$OUT/lrnn.log" 2>&1 &
 [[ "${LRNN:-1}" == 0 ]] || p1=$!
-python3 tools/fla_word_problem.py --run "$init" --config "$CONFIG" --lrnn "$BIN/lrnn" --out "$OUT/fla_fresh" --max-seconds "$SECONDS_" \
-  --eval-samples 512 --seed "$SEED" >"$OUT/fla_fresh.log" 2>&1 &
+python3 tools/fla_word_problem.py --run "$init" --config "$CONFIG" --lrnn "$BIN/lrnn" --out "$OUT/fla" --max-seconds "$SECONDS_" \
+  --eval-samples 512 --seed "$SEED" ${POOL:+--pool "$POOL"} >"$OUT/fla.log" 2>&1 &
 p2=$!
-p3=
-if [[ "$POOL" != 0 ]]; then
-  python3 tools/fla_word_problem.py --run "$init" --config "$CONFIG" --lrnn "$BIN/lrnn" --out "$OUT/fla_pool" --max-seconds "$SECONDS_" \
-    --eval-samples 512 --seed "$SEED" --pool "$POOL" >"$OUT/fla_pool.log" 2>&1 &
-  p3=$!
-fi
-wait $p1 $p2 $p3  # (unquoted: the empty ones drop out)
+wait $p1 $p2  # (unquoted: an empty one drops out)
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def lines(run):
     p = os.path.join(out, run, "metrics.jsonl")
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
-runs = {r: lines(r) for r in ("lrnn", "fla_fresh", "fla_pool")}
+runs = {r: lines(r) for r in ("lrnn", "fla")}
 train = {r: {j["step"]: j for j in ls if j["type"] == "train"} for r, ls in runs.items()}
 steps = sorted(set().union(*[set(t) for t in train.values()]))
 print("| step | " + " | ".join(f"{r} loss | {r} grad norm" for r in runs) + " |")

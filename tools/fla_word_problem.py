@@ -17,8 +17,9 @@ right from position 1 to t) on the eval split.
     python3 tools/fla_word_problem.py --run init --config configs/state_tracking/s5_deltaproduct_nh4_neg.yaml \\
         --lrnn build/lrnn --out fla_s5 [--pool 100000]
 
---pool N trains on a fixed set of N sequences drawn once, in epochs (P2's protocol: 100k sequences),
-instead of fresh ones every step (lrnn's). GPU only (fla's kernels are Triton). Dev tool: CI never
+--pool N trains on a fixed set of N sequences drawn once, in epochs (P2's protocol: 100k sequences;
+lrnn's task.train_pool, whose value it takes by default), or with 0 on fresh ones every step; the
+pool's sequences are drawn here by lrnn's definition, not lrnn's own. GPU only (fla's kernels are Triton). Dev tool: CI never
 runs it.
 """
 import argparse
@@ -97,7 +98,9 @@ def main():
                     "config.yaml; give it when the run only holds the initial weights)")
     ap.add_argument("--lrnn", default="build/lrnn", help="the lrnn binary (for `lrnn data`)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pool", type=int, default=0, help="train on a fixed set of this many sequences (0: fresh)")
+    ap.add_argument("--pool", type=int, default=None,
+                    help="train on a fixed set of this many sequences, reshuffled every epoch (0: fresh every step; "
+                         "default: the config's task.train_pool)")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the run's num_steps)")
     ap.add_argument("--max-seconds", type=float, default=0, help="stop training after this long, then evaluate")
     ap.add_argument("--eval-samples", type=int, default=0, help="0: the run's task.eval_samples")
@@ -119,6 +122,8 @@ def main():
         sys.exit(f"weights do not match fla's model: missing {missing}, unexpected {unexpected}")
     torch.backends.cuda.matmul.allow_tf32 = True
 
+    if a.pool is None:
+        a.pool = int(task.get("train_pool", 0))
     steps = a.steps or int(tr.get("num_steps", 1000))
     B = int(tr.get("batch_size", 64))
     lr, min_lr = float(tr.get("lr", 1e-3)), float(tr.get("min_lr", 1e-6))

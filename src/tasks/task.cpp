@@ -54,6 +54,7 @@ const OptionalKey kSyntheticKeys[] = {
     {"train_len", "lm", [](const TaskConfig& c) { return c.train_len != kDefaults.train_len; }},
     {"eval_len", "lm", [](const TaskConfig& c) { return c.eval_len != kDefaults.eval_len; }},
     {"eval_samples", "lm", [](const TaskConfig& c) { return c.eval_samples != kDefaults.eval_samples; }},
+    {"train_pool", "lm", [](const TaskConfig& c) { return c.train_pool != kDefaults.train_pool; }},
 };
 
 // The task table: one row per task.
@@ -83,6 +84,9 @@ void TaskConfig::describe(io::Schema& s) {
       .add("eval_samples", &eval_samples,
            "evaluation sequences, spread evenly over eval lengths (word_problem: all of the longest)", 1, 1 << 24)
       .add("eval_batch_size", &eval_batch_size, "sequences per evaluation batch", 1, 1 << 20)
+      .add("train_pool", &train_pool,
+           "train on a fixed set of this many sequences, reshuffled every epoch (P2: 100000); 0 = fresh every step", 0,
+           int64_t(1) << 40)
       .add("mult", &mult, "modular_arithmetic_with_brackets: allow '*' as well as '+' and '-'")
       .add("cycle_length", &cycle_length, "cycle_navigation: number of positions on the cycle", 2, 1 << 16)
       .add("group", &group, "word_problem: S<n>, A<n>, Z<m> or products joined by 'x' (e.g. S3xZ2)")
@@ -127,11 +131,34 @@ Batch Task::make_batch(const std::vector<Sample>& samples) const {
   return b;
 }
 
+uint64_t pool_id(uint64_t seed, uint64_t p, uint64_t n) {
+  LRNN_CHECK(n > 0, "pool_id: empty pool");
+  const uint64_t epoch = p / n;
+  uint64_t x = p % n;
+  int bits = 2;
+  while (bits < 62 && (uint64_t(1) << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t(1) << half) - 1;
+  const Rng round_key{seed ^ 0x706f6f6c5f696473ull, epoch};  // "pool_ids"
+  auto F = [&](uint64_t r, uint64_t R) {  // round r's function of the right half
+    const uint64_t i = (r << 40) | (R << 1);
+    return (uint64_t(round_key.u32(i)) | uint64_t(round_key.u32(i | 1)) << 32) & mask;
+  };
+  do {  // cycle-walking: a bijection of [0, 4^half) applied until it lands in [0, n)
+    for (uint64_t r = 0; r < 4; ++r) {
+      const uint64_t L = x >> half, R = x & mask;
+      x = (R << half) | (L ^ F(r, R));
+    }
+  } while (x >= n);
+  return x;
+}
+
 Batch Task::train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const {
   std::vector<Sample> samples;
   samples.reserve(B);
   for (int i = 0; i < B; ++i) {
     uint64_t id = uint64_t(step) * uint64_t(B) + uint64_t(i);
+    if (train_pool_ > 0) id = pool_id(seed, id, uint64_t(train_pool_));
     samples.push_back(sample(seed, Split::Train, id, draw_length(seed, Split::Train, id, range)));
   }
   return make_batch(samples);
@@ -170,6 +197,7 @@ std::unique_ptr<Task> create_task(const TaskConfig& cfg) {
         LRNN_USER_ERROR("task.{}: the lm task does not use it (its windows are task.context tokens long; evaluation "
                         "reads task.eval_tokens of the validation split)", k.key);
   std::unique_ptr<Task> task = row->make(cfg);
+  task->set_train_pool(cfg.train_pool);
   for (auto [key, range] : {std::pair{"train_len", cfg.train_len}, std::pair{"eval_len", cfg.eval_len}})
     if (task->lengths(range).empty())
       LRNN_USER_ERROR("task.{}: task {} has no sequence length in [{}, {}]", key, cfg.name, range[0], range[1]);

@@ -33,6 +33,9 @@ struct TaskConfig {
   bool only_swaps = false;                 // inputs are transpositions only (P1 S5 study)
   int max_moved = 0;                       // inputs move at most this many points (0: any)
   int tokens_per_element = 1;              // each element followed by k-1 filler tokens (P1)
+  // Synthetic tasks: train on a fixed set of this many sequences, every one once per epoch in an
+  // order reshuffled each epoch (P2's protocol: 100k); 0 draws fresh sequences every step.
+  int64_t train_pool = 0;
   // lm (tasks/lm.h)
   std::string data;                        // a tokenized corpus (lrnn tokenize --out DIR)
   int context = 512;                       // tokens per training window
@@ -84,8 +87,12 @@ class Task {
   virtual std::vector<int> lengths(std::array<int, 2> range) const;
   // Length of sample `id`: an entry of lengths(range), uniformly. UserError if there is none.
   int draw_length(uint64_t seed, Split split, uint64_t id, std::array<int, 2> range) const;
-  // Training batch `step`: B samples with ids step*B .. step*B+B-1, lengths from train_len.
+  // Training batch `step`: the samples at positions step*B .. step*B+B-1 of the training stream,
+  // lengths from train_len. The stream's sample ids are the positions themselves, or with a pool
+  // of N (set_train_pool) position p holds id pool_id(seed, p, N): epoch p / N visits ids 0..N-1
+  // in its own order.
   virtual Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const;
+  void set_train_pool(int64_t n) { train_pool_ = n; }
   // Data parallelism: rank `rank` of `world` gets rows [rank·B/world, (rank+1)·B/world) of
   // training batch `step` (B a multiple of world), padded as in the whole batch, and in *weight
   // its share of the whole batch's labels times world (1 when the ranks have as many labels).
@@ -93,7 +100,15 @@ class Task {
   virtual Batch train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2> range, int rank, int world,
                                     double* weight) const;
   Batch make_batch(const std::vector<Sample>& samples) const;
+
+ protected:
+  int64_t train_pool_ = 0;
 };
+
+// The id at position p of a training stream over a pool of n sequences: epoch p / n is a
+// permutation of 0..n-1 drawn from (seed, epoch) — a Feistel network on the next power of four,
+// cycle-walked into [0, n): stateless, so any step's batch (a resumed run's) is computed alone.
+uint64_t pool_id(uint64_t seed, uint64_t p, uint64_t n);
 
 // Builds the named task; validates the task.* keys it uses (UserError naming the key) and
 // rejects keys set away from their defaults that the task does not use.
