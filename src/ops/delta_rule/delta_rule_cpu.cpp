@@ -19,31 +19,12 @@ using detail::Seq;
 template <class T>
 inline T beta_of(T logit, T s) { return s * sigmoid(logit); }
 
-// One sub-step: u = v - S^T k ; S += beta k u^T. Writes u (needed by the backward).
+// One sub-step from state Sin to Sout: u = v - Sin^T k ; Sout = Sin + beta k u^T. Writes u
+// (needed by the backward). Sout may be Sin (the forward steps in place; the backward keeps every
+// state of a chunk and writes each one next to the last): u is complete before Sout is written.
 template <class T>
-[[gnu::always_inline]] inline void householder_step(T* __restrict S, T* __restrict u, const T* __restrict kk,
-                             const T* __restrict vv, T beta, int Dk, int Dv) {
-  for (int c = 0; c < Dv; ++c) u[c] = vv[c];
-  for (int i = 0; i < Dk; ++i) {
-    const T ki = kk[i];
-    const T* Si = S + size_t(i) * Dv;
-#pragma omp simd
-    for (int c = 0; c < Dv; ++c) u[c] -= ki * Si[c];
-  }
-  for (int i = 0; i < Dk; ++i) {
-    const T bk = beta * kk[i];
-    T* Si = S + size_t(i) * Dv;
-#pragma omp simd
-    for (int c = 0; c < Dv; ++c) Si[c] += bk * u[c];
-  }
-}
-
-// The same sub-step out of place: Sout = Sin + beta k u^T, u = v - Sin^T k (the backward keeps
-// every state of a chunk, so it writes each one next to the last instead of copying it first).
-template <class T>
-[[gnu::always_inline]] inline void householder_step_from(T* __restrict Sout, const T* __restrict Sin, T* __restrict u,
-                                                         const T* __restrict kk, const T* __restrict vv, T beta, int Dk,
-                                                         int Dv) {
+[[gnu::always_inline]] inline void householder_step_from(T* Sout, const T* Sin, T* __restrict u, const T* __restrict kk,
+                                                         const T* __restrict vv, T beta, int Dk, int Dv) {
   for (int c = 0; c < Dv; ++c) u[c] = vv[c];
   for (int i = 0; i < Dk; ++i) {
     const T ki = kk[i];
@@ -58,6 +39,11 @@ template <class T>
 #pragma omp simd
     for (int c = 0; c < Dv; ++c) So[c] = Si[c] + bk * u[c];
   }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void householder_step(T* S, T* u, const T* kk, const T* vv, T beta, int Dk, int Dv) {
+  householder_step_from(S, S, u, kk, vv, beta, Dk, Dv);
 }
 
 template <class T>
