@@ -158,10 +158,11 @@ int cmd_eval(const std::string& run, const std::vector<std::string>& sets, const
   // a training context at a time through the decode state, so memory does not grow with the
   // window (P2's length extrapolation to 32k tokens).
   TokenLossFn piecewise;
+  std::unique_ptr<PieceReader> host;
   const auto& tc = r.cfg.task;
   if (tc.name == "lm" && r.cfg.training.device == "cpu" && r.model().new_decode_state(1) &&
       task_input_lengths(tc)[1] > tc.context)
-    piecewise = token_losses_piecewise(r.model(), tc.context);
+    piecewise = token_losses_piecewise(*(host = host_reader(r.model())), tc.context);
   nlohmann::json e = evaluate_run(r.engine->logits_fn(), r.model().vocab_size(), r.cfg, piecewise);
   if (piecewise) e["read_in_pieces_of"] = tc.context;
   // Next to the run's own eval.json, named after the lengths, so evaluations at other lengths
@@ -261,16 +262,18 @@ int cmd_predict(const std::string& run, const std::string& tokens_text, bool ful
 int32_t document_start(const data::Tokenizer& tok) { return tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id(); }
 
 int cmd_generate(const std::string& run, const std::string& prompt, const std::string& tokenizer, GenerateOptions opt,
-                 bool no_doc_start, bool json) {
-  // Generation reads one token per forward: the CPU's reference ops (the CUDA ops have no carried
-  // state yet), whatever device the run trained on.
+                 bool no_doc_start, bool json, std::string device) {
+  // The weights load on the host; the reader runs there or on a device twin (--device, default:
+  // where the run trained).
+  if (device.empty()) device = run_training_device(run);
   LoadedRun r = load_run(run, {}, "cpu", /*open_task=*/false);
   data::Tokenizer tok = run_tokenizer(r, tokenizer);
+  auto reader = run_reader(r, device);
   std::vector<int32_t> ids;
   if (!no_doc_start) ids.push_back(document_start(tok));
   tok.encode_into(prompt, ids);
   if (ids.empty()) LRNN_USER_ERROR("generate: --prompt is empty and --no-doc-start leaves nothing to start from");
-  Decoder dec(r.model());
+  Decoder dec(*reader);
   if (!json) {
     std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
@@ -293,38 +296,40 @@ int cmd_generate(const std::string& run, const std::string& prompt, const std::s
   if (json) {
     nlohmann::json j = {{"prompt", prompt},       {"prompt_tokens", ids},        {"text", g.text},
                         {"tokens", out_ids},      {"logprob", logprob},          {"finish_reason", g.finish_reason},
-                        {"seconds", sec},         {"state_bytes", dec.state_bytes()}};
+                        {"seconds", sec},         {"state_bytes", dec.state_bytes()},
+                        {"device", reader->describe()}, {"device_bytes", reader->device_bytes()}};
     struct rusage ru {};
     if (getrusage(RUSAGE_SELF, &ru) == 0) j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
     std::fflush(stdout);
-    std::fprintf(stderr, "[%zu prompt + %zu generated tokens in %.2f s (%.1f tokens/s), decode state %.1f KiB, %s]\n",
+    std::fprintf(stderr, "[%zu prompt + %zu generated tokens in %.2f s (%.1f tokens/s), decode state %.1f KiB, %s; %s]\n",
                  ids.size(), out_ids.size(), sec, sec > 0 ? double(ids.size() + out_ids.size()) / sec : 0.0,
-                 double(dec.state_bytes()) / 1024.0, g.finish_reason.c_str());
+                 double(dec.state_bytes()) / 1024.0, g.finish_reason.c_str(), reader->describe().c_str());
   }
   return 0;
 }
 
 // `lrnn serve`: the completions API (serve/completions.h) of a language-model run over HTTP.
 struct ServeFlags {
-  std::string host = "127.0.0.1", model_name, tokenizer;
+  std::string host = "127.0.0.1", model_name, tokenizer, device;
   int port = 8000;
   bool no_doc_start = false;
 };
 
 int cmd_serve(const std::string& run, const ServeFlags& f) {
-  // Reading piecewise runs on the CPU's reference ops (as generate).
+  // As generate: the weights load on the host, the reader runs where --device says.
   LoadedRun r = load_run(run, {}, "cpu", /*open_task=*/false);
   data::Tokenizer tok = run_tokenizer(r, f.tokenizer);
+  auto reader = run_reader(r, f.device.empty() ? run_training_device(run) : f.device);
   serve::ServiceOptions o;
   o.model_name = f.model_name.empty() ? fs::absolute(run).lexically_normal().filename().string() : f.model_name;
   if (o.model_name.empty()) o.model_name = fs::absolute(run).lexically_normal().parent_path().filename().string();
   o.doc_start = !f.no_doc_start;
   o.chunk = std::max(1, r.cfg.task.context);
   o.max_model_len = r.cfg.task.context;
-  serve::CompletionService svc(r.model(), std::move(tok), o);
+  serve::CompletionService svc(*reader, std::move(tok), o);
   return serve::run_http(svc, f.host, f.port, [&](int port) {
     std::fprintf(stderr, "lrnn serve: %s (%s) on http://%s:%d/v1/completions; Ctrl-C stops\n", o.model_name.c_str(),
                  run.c_str(), f.host.c_str(), port);
@@ -546,6 +551,7 @@ int run(int argc, char** argv) {
   bool gen_ignore_eos = false;
   generate_cmd->add_flag("--ignore-eos", gen_ignore_eos, "go on past EOS (benchmarks: always --max-tokens tokens)");
   generate_cmd->add_flag("--json", gen_json, "print one JSON object (text, token ids, log-probability) at the end instead");
+  generate_cmd->add_option("--device", device, "cpu or cuda (default: the run's training.device)")->check(devices);
 
   ServeFlags serve_flags;
   auto* serve_cmd = app.add_subcommand(
@@ -556,6 +562,8 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 65535));
   serve_cmd->add_option("--model-name", serve_flags.model_name, "the model's name in the API (default: the run directory's)");
   serve_cmd->add_option("--tokenizer", serve_flags.tokenizer, "SentencePiece .model (default: the run's)");
+  serve_cmd->add_option("--device", serve_flags.device, "cpu or cuda (default: the run's training.device)")
+      ->check(devices);
   serve_cmd->add_flag("--no-doc-start", serve_flags.no_doc_start,
                       "do not read the document-start token (BOS, or EOS without BOS) before each prompt");
 
@@ -664,7 +672,7 @@ int run(int argc, char** argv) {
     if (*data) return cmd_data(data_config, task, n, seed, sets, split, length);
     if (*predict) return cmd_predict(run_dir, tokens, full_logits, device);
     gen.stop_at_eos = !gen_ignore_eos;
-    if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json);
+    if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json, device);
     if (*serve_cmd) return cmd_serve(run_dir, serve_flags);
     if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
     if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);

@@ -1,6 +1,7 @@
 #include "cuda/runtime.h"
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -260,5 +261,10 @@ std::vector<OpTime> profile() {
   return v;
 }
 void reset_profile() { prof().ops.clear(); }
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
+}
 
 }  // namespace lrnn::cuda

@@ -137,6 +137,31 @@ class Buffer {
   size_t n_ = 0;
 };
 
+// Page-locked host memory (async copies from it need no staging by the driver); grows only.
+template <class T>
+struct Pinned {
+  T* p = nullptr;
+  size_t n = 0;
+  Pinned() = default;
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  void resize(size_t m) {
+    if (m <= n) return;
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+    n = 0;
+    LRNN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), m * sizeof(T)));
+    n = m;
+  }
+  ~Pinned() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+// True when the environment variable is set to 0, off or false (the switches LRNN_CUDA_GRAPHS,
+// LRNN_CUDA_TF32).
+bool env_off(const char* name);
+
 // Per-op device time (LRNN_CUDA_PROFILE=1, or set_profiling): every CudaOps call (and the
 // engine's optimizer kernels) is bracketed by events and synchronised, so the totals show where
 // a step's time goes. Slows everything down and cannot be captured: the engine then launches

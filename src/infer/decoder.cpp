@@ -75,23 +75,51 @@ int32_t sample_token(const float* logits, int V, const SamplingOptions& o, uint6
   return cand.back();
 }
 
-Decoder::Decoder(Model<float>& model, int chunk) : model_(model), chunk_(chunk) {
-  LRNN_CHECK(chunk > 0, "Decoder: chunk must be positive");
-  state_ = model_.new_decode_state(1);
-  if (!state_)
-    LRNN_USER_ERROR("model type {}: cannot read text piece by piece yet (no decode state), so it cannot "
-                    "generate or serve", model_.hf_config().value("model_type", std::string("?")));
+namespace {
+
+class HostReader final : public PieceReader {
+ public:
+  explicit HostReader(Model<float>& m) : m_(m) {}
+  std::unique_ptr<DecodeState> new_state(int B) override { return m_.new_decode_state(B); }
+  const float* read(const int32_t* tokens, int B, int T_, DecodeState& st) override {
+    m_.forward_continue(tokens, B, T_, st);
+    return m_.logits();
+  }
+  int vocab_size() const override { return m_.vocab_size(); }
+  std::string model_type() const override { return m_.hf_config().value("model_type", std::string("?")); }
+  std::string describe() const override { return "cpu"; }
+
+ private:
+  Model<float>& m_;
+};
+
+}  // namespace
+
+std::unique_ptr<PieceReader> host_reader(Model<float>& model) { return std::make_unique<HostReader>(model); }
+
+Decoder::Decoder(PieceReader& reader, int chunk) : reader_(reader), chunk_(chunk) { start(); }
+
+Decoder::Decoder(Model<float>& model, int chunk) : own_(host_reader(model)), reader_(*own_), chunk_(chunk) { start(); }
+
+void Decoder::start() {
+  LRNN_CHECK(chunk_ > 0, "Decoder: chunk must be positive");
+  state_ = reader_.new_state(1);
+  if (state_) return;
+  if (reader_.describe() == "cpu")
+    LRNN_USER_ERROR("model type {}: cannot read text piece by piece yet (no decode state), so it cannot generate or "
+                    "serve", reader_.model_type());
+  LRNN_USER_ERROR("model type {}: cannot read text piece by piece on the GPU yet (no decode state there); "
+                  "--device cpu can", reader_.model_type());
 }
 
 const float* Decoder::feed(std::span<const int32_t> tokens, const std::function<void(size_t, const float*)>& each) {
   LRNN_CHECK(!tokens.empty(), "Decoder::feed: no tokens");
-  const int V = model_.vocab_size();
+  const int V = reader_.vocab_size();
   for (int32_t t : tokens)
     if (t < 0 || t >= V) LRNN_USER_ERROR("token id {} is outside the model's vocabulary [0, {})", t, V);
   for (size_t at = 0; at < tokens.size(); at += size_t(chunk_)) {
     const int n = int(std::min(tokens.size() - at, size_t(chunk_)));
-    model_.forward_continue(tokens.data() + at, 1, n, *state_);
-    const float* lg = model_.logits();
+    const float* lg = reader_.read(tokens.data() + at, 1, n, *state_);
     if (each)
       for (int i = 0; i < n; ++i) each(at + size_t(i), lg + size_t(i) * V);
     last_.assign(lg + size_t(n - 1) * V, lg + size_t(n) * V);
@@ -100,21 +128,21 @@ const float* Decoder::feed(std::span<const int32_t> tokens, const std::function<
 }
 
 void Decoder::reset() {
-  state_ = model_.new_decode_state(1);
+  state_ = reader_.new_state(1);
   last_.clear();
 }
 
 int64_t Decoder::position() const { return state_->position; }
 size_t Decoder::state_bytes() const { return state_->bytes(); }
 
-TokenLossFn token_losses_piecewise(Model<float>& model, int chunk) {
+TokenLossFn token_losses_piecewise(PieceReader& reader, int chunk) {
   LRNN_CHECK(chunk > 0, "token_losses_piecewise: chunk must be positive");
-  return [&model, chunk](const Batch& b, int rows, std::vector<double>& loss) {
-    const int V = model.vocab_size(), T = b.T;
+  return [&reader, chunk](const Batch& b, int rows, std::vector<double>& loss) {
+    const int V = reader.vocab_size(), T = b.T;
     loss.assign(size_t(rows) * size_t(T), 0.0);
     for (size_t i = 0; i < loss.size(); ++i)
       LRNN_CHECK(b.labels[i] >= 0 && b.labels[i] < V, "label {} outside the vocabulary {}", b.labels[i], V);
-    auto st = model.new_decode_state(rows);
+    auto st = reader.new_state(rows);
     LRNN_CHECK(st, "token_losses_piecewise: the model has no decode state");
     std::vector<int32_t> piece;
     for (int t0 = 0; t0 < T; t0 += chunk) {
@@ -122,8 +150,7 @@ TokenLossFn token_losses_piecewise(Model<float>& model, int chunk) {
       piece.resize(size_t(rows) * size_t(n));
       for (int r = 0; r < rows; ++r)
         std::copy_n(b.tokens.begin() + std::ptrdiff_t(size_t(r) * T + size_t(t0)), n, piece.begin() + std::ptrdiff_t(size_t(r) * n));
-      model.forward_continue(piece.data(), rows, n, *st);
-      const float* lg = model.logits();
+      const float* lg = reader.read(piece.data(), rows, n, *st);
 #pragma omp parallel for collapse(2) schedule(static)
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < n; ++t) {

@@ -34,12 +34,44 @@ std::vector<std::pair<int32_t, double>> top_logprobs(const std::vector<double>& 
 // index), so the same seed gives the same text on every machine whose logits agree.
 int32_t sample_token(const float* logits, int V, const SamplingOptions& opt, uint64_t index);
 
+// Where piecewise reading runs: a model on the CPU's reference ops (host_reader) or its twin on a
+// CUDA device (device_reader, CUDA builds: the weights uploaded once, the decode state in device
+// memory, a generated token's forward replayed as one CUDA graph). Tokens and logits are in host
+// memory either way.
+class PieceReader {
+ public:
+  virtual ~PieceReader() = default;
+  // A fresh decode state for B sequences before their first token; null when the model cannot
+  // read piecewise here.
+  virtual std::unique_ptr<DecodeState> new_state(int B) = 0;
+  // The forward of tokens [B,T] that continue the sequences `st` has read: their logits [B,T,V],
+  // valid until the next call.
+  virtual const float* read(const int32_t* tokens, int B, int T_, DecodeState& st) = 0;
+  virtual int vocab_size() const = 0;
+  virtual std::string model_type() const = 0;  // for messages
+  virtual std::string describe() const = 0;    // "cpu", "cuda: <device>, CUDA graphs"
+  // Device memory this reader's process took since just before the reader was made (weights,
+  // activations, states, library workspaces); 0 on the host.
+  virtual size_t device_bytes() const { return 0; }
+};
+
+// The host model itself (it must outlive the reader).
+std::unique_ptr<PieceReader> host_reader(Model<float>& model);
+#ifdef LRNN_WITH_CUDA
+// A device twin of `host` with its current parameters (infer/reader_cuda.cpp). UserError when no
+// CUDA device is available or the model type has no CUDA path. The MLPs run with fp32 weights
+// (TF32 GEMMs): a token's forward reads each weight once, where converting them to bf16 on every
+// forward would add traffic instead of saving it.
+std::unique_ptr<PieceReader> device_reader(const Model<float>& host, const std::string& model_type);
+#endif
+
 // Feeds tokens to a model through its decode state, `chunk` tokens per forward at most (so a
 // long prompt takes memory for one chunk's activations, not for the whole prompt).
 class Decoder {
  public:
-  // UserError when the model cannot read piecewise (its type has no decode state).
-  explicit Decoder(Model<float>& model, int chunk = 512);
+  // UserError when the model cannot read piecewise (its type has no decode state there).
+  explicit Decoder(PieceReader& reader, int chunk = 512);
+  explicit Decoder(Model<float>& model, int chunk = 512);  // on the host model
   // Reads `tokens` after everything read so far. each(i, logits) is called for every token in
   // order with its [V] logits (the distribution of the token after it). Returns the logits after
   // the last token (valid until the next call). tokens must not be empty.
@@ -48,10 +80,12 @@ class Decoder {
   void reset();                  // back to the empty sequence
   int64_t position() const;      // tokens read so far
   size_t state_bytes() const;    // memory the decode state holds
-  int vocab_size() const { return model_.vocab_size(); }
+  int vocab_size() const { return reader_.vocab_size(); }
 
  private:
-  Model<float>& model_;
+  void start();
+  std::unique_ptr<PieceReader> own_;  // the host reader of Decoder(Model&)
+  PieceReader& reader_;
   int chunk_;
   std::unique_ptr<DecodeState> state_;
   std::vector<float> last_;
@@ -61,7 +95,8 @@ class Decoder {
 // model's decode state (train/evaluate.h TokenLossFn): memory for one chunk's activations and
 // logits, whatever the window length (length extrapolation to many times the training context).
 // The same numbers as one forward over each window, to rounding.
-TokenLossFn token_losses_piecewise(Model<float>& model, int chunk);
+// The reader must outlive the function.
+TokenLossFn token_losses_piecewise(PieceReader& reader, int chunk);
 
 // Generation: `prompt` is read, then up to max_tokens tokens are drawn and fed back. The text is
 // handed over as it becomes final (whole UTF-8 characters; with stop strings, text that could

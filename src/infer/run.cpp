@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include "core/check.h"
 #include "data/tokenize.h"
+#include "io/schema.h"
 #include "train/checkpoint.h"
 
 namespace lrnn {
@@ -24,6 +25,25 @@ LoadedRun load_run(const fs::path& dir, std::vector<std::string> overrides, cons
   st.v.assign(r.model().params.size(), 0.f);
   r.engine->start(st);
   return r;
+}
+
+std::string run_training_device(const fs::path& dir) {
+  const fs::path cfg = dir / "config.yaml";
+  if (!fs::exists(cfg)) LRNN_USER_ERROR("{}: no config.yaml (is it a run directory?)", dir.string());
+  const YAML::Node root = io::load_yaml_file(cfg.string());
+  const YAML::Node d = root["training"] ? root["training"]["device"] : YAML::Node();
+  return d && d.IsScalar() ? d.as<std::string>() : std::string("cpu");
+}
+
+std::unique_ptr<PieceReader> run_reader(LoadedRun& run, const std::string& device) {
+  if (device == "cpu") return host_reader(run.model());
+  if (device != "cuda") LRNN_USER_ERROR("--device {}: cpu or cuda", device);
+#ifdef LRNN_WITH_CUDA
+  return device_reader(run.model(), run.cfg.model["model_type"].as<std::string>());
+#else
+  LRNN_USER_ERROR("{}: --device cuda, but this build of lrnn has no CUDA backend (build with -DLRNN_CUDA=ON, or use "
+                  "--device cpu)", run.dir.string());
+#endif
 }
 
 data::Tokenizer run_tokenizer(const LoadedRun& run, const fs::path& path) {

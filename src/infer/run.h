@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 #include "data/tokenizer.h"
+#include "infer/decoder.h"
 #include "train/config.h"
 #include "train/engine.h"
 
@@ -30,5 +31,13 @@ LoadedRun load_run(const std::filesystem::path& dir, std::vector<std::string> ov
 // made with (same sha256) when the index is there to say so, and its vocabulary must fit the
 // model's. UserError naming the file otherwise.
 data::Tokenizer run_tokenizer(const LoadedRun& run, const std::filesystem::path& path = {});
+
+// The device a run trained on (its config.yaml's training.device, before any override).
+std::string run_training_device(const std::filesystem::path& dir);
+
+// Piecewise reading of a run's model (loaded on the CPU) on `device`: "cpu" (the host model), or
+// "cuda" (a device twin of its weights; CUDA builds). UserError when this build has no CUDA backend
+// or the machine no device.
+std::unique_ptr<PieceReader> run_reader(LoadedRun& run, const std::string& device);
 
 }  // namespace lrnn

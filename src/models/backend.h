@@ -58,10 +58,10 @@ namespace lrnn {
 #define LRNN_MODEL_OPS(X)                                                                            \
   X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(linear_forward)  \
   X(linear_forward_residual) X(linear_backward) X(short_conv_forward) X(short_conv_l2norm_forward)     \
-  X(short_conv_backward) X(l2norm_forward) X(l2norm_backward) X(forget_gate_forward)                   \
-  X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward) X(delta_rule_forward)     \
-  X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_backward) X(add_inplace) \
-  X(add_scaled) X(zero)
+  X(short_conv_backward) X(short_conv_advance_tail) X(l2norm_forward) X(l2norm_backward)               \
+  X(forget_gate_forward) X(forget_gate_backward) X(gated_rmsnorm_forward) X(gated_rmsnorm_backward)    \
+  X(delta_rule_forward) X(delta_rule_backward) X(swiglu_forward) X(swiglu_backward)                    \
+  X(cross_entropy_backward) X(add_inplace) X(add_scaled) X(zero)
 // ... and those Mamba adds (row-major strided GEMM, selective scan).
 #define LRNN_MAMBA_OPS(X) X(gemm) X(selective_scan_forward) X(selective_scan_backward)
 // ... and those the xLSTMs add (LayerNorm, block-diagonal linear, GELU gate, the two cells).

@@ -155,22 +155,6 @@ struct CoreDecodeState : DecodeState {
   }
 };
 
-// After a piece of T_ tokens: tail [B,K-1,C] (the K-1 conv inputs before the piece) becomes the
-// last K-1 inputs of tail followed by x [B,T_,C] (token stride ldx).
-template <class T>
-void advance_conv_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx) {
-  const int keep = K - 1;
-  if (keep <= 0) return;
-  for (int b = 0; b < B; ++b) {
-    T* tb = tail + size_t(b) * keep * C;
-    const int from_x = std::min(T_, keep), from_tail = keep - from_x;
-    // rows [0, from_tail) <- the tail's last from_tail rows; then the last from_x rows of x
-    for (int r = 0; r < from_tail; ++r) std::copy_n(tb + size_t(r + T_) * C, C, tb + size_t(r) * C);
-    for (int r = 0; r < from_x; ++r)
-      std::copy_n(x + (size_t(b) * T_ + size_t(T_ - from_x + r)) * ldx, C, tb + size_t(from_tail + r) * C);
-  }
-}
-
 // The base of a core (CRTP: Core derives from CoreFrame<Core, T, Ops> and befriends it, which
 // calls its carve and carve_grads). Every core offers, over flat parameter (P) and gradient (G)
 // buffers in its backend's memory:
@@ -220,13 +204,24 @@ class CoreFrame {
   void forward_continue(const T* P, const int32_t* tokens, int B, int T_, DecodeState& st) {
     auto& s = dynamic_cast<CoreDecodeState<T>&>(st);
     LRNN_CHECK(s.B == B, "forward_continue: a state for {} sequences given {}", s.B, B);
+    std::vector<T*> bufs;
+    for (auto& b : s.buffers) bufs.push_back(b.empty() ? nullptr : b.data());
     carry_ = &s;
-    struct Reset {
-      CoreDecodeState<T>*& p;
-      ~Reset() { p = nullptr; }
-    } reset{carry_};
-    core().forward(P, tokens, nullptr, B, T_);
+    forward_carried(P, tokens, B, T_, std::move(bufs));
     s.position += T_;
+  }
+  // The same over state buffers in the backend's memory (one per layer and kind, as the core's
+  // new_state lays them out; null: empty): what the device model's piecewise reading runs.
+  void forward_carried(const T* P, const int32_t* tokens, int B, int T_, std::vector<T*> bufs) {
+    carried_ = std::move(bufs);
+    struct Reset {
+      CoreFrame& f;
+      ~Reset() {
+        f.carry_ = nullptr;
+        f.carried_.clear();
+      }
+    } reset{*this};
+    core().forward(P, tokens, nullptr, B, T_);
   }
 
  protected:
@@ -263,10 +258,9 @@ class CoreFrame {
   int Bc_ = 0, Tc_ = 0;   // shape of the last forward
   bool trained_ = false;  // the last forward kept what backward needs
   // Buffer i of the decode state during a forward_continue (null otherwise, or when empty).
-  T* carried(size_t i) const {
-    return carry_ && !carry_->buffers[i].empty() ? carry_->buffers[i].data() : nullptr;
-  }
-  CoreDecodeState<T>* carry_ = nullptr;
+  T* carried(size_t i) const { return i < carried_.size() ? carried_[i] : nullptr; }
+  CoreDecodeState<T>* carry_ = nullptr;  // the host state during a forward_continue (a KV cache grows in it)
+  std::vector<T*> carried_;
 
  private:
   Core& core() { return static_cast<Core&>(*this); }

@@ -196,8 +196,7 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     T* state = carried(2 * li + 1);
     Ops::short_conv_l2norm_forward(a.qkvc, a.qkn, a.rqk, a.proj, K ? P + w.q_conv : nullptr, B, T_, c.Wc(), K, c.W,
                                    c.Wc(), c.Wqk(), Dk, 1e-6, c.Wqk(), tail);
-    if constexpr (!Ops::kDevice)
-      if (tail) advance_conv_tail(tail, a.proj, B, T_, c.Wc(), K, c.W);
+    if (tail) Ops::short_conv_advance_tail(tail, a.proj, B, T_, c.Wc(), K, c.W);
     if (s.use_forget_gate) Ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
     Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt, state);
     if (s.use_output_gate)

@@ -10,6 +10,20 @@
 
 namespace lrnn {
 
+// A decode state in device memory: the host core's buffers (CoreDecodeState) with the same sizes
+// and meaning, one per layer and kind. `serial` is unique per state (what a captured graph over
+// its buffers is keyed by; an address may be reused).
+struct DeviceDecodeState : DecodeState {
+  int B = 0;
+  uint64_t serial = 0;
+  std::vector<cuda::Buffer<float>> buffers;
+  size_t bytes() const override {
+    size_t n = 0;
+    for (const auto& b : buffers) n += b.size() * sizeof(float);
+    return n;
+  }
+};
+
 class DeviceModel {
  public:
   virtual ~DeviceModel() = default;
@@ -23,7 +37,16 @@ class DeviceModel {
   // training buffers (or the CUDA graphs captured over them).
   virtual void infer(const int32_t* tokens, int B, int T_) = 0;
   virtual const float* logits() const = 0;        // device [B,T,V] of the last forward
-  virtual const float* infer_logits() const = 0;  // device [B,T,V] of the last infer
+  virtual const float* infer_logits() const = 0;  // device [B,T,V] of the last infer or forward_continue
+  // Piecewise reading on the device (models/model.h DecodeState): a fresh DeviceDecodeState for B
+  // sequences, or null where the model has none on the GPU (the Transformer's KV cache, the
+  // xLSTMs and the LSTM read piecewise on the CPU only).
+  virtual std::unique_ptr<DecodeState> new_decode_state(int B) = 0;
+  // The forward (no labels) of device tokens [B,T] that continue the sequences `st` has read, on
+  // the inference activations: infer_logits() then holds [B,T,V].
+  virtual void forward_continue(const int32_t* tokens, int B, int T_, DecodeState& st) = 0;
+  // Bumped whenever an inference buffer moved (graphs captured over infer/forward_continue).
+  virtual int infer_generation() const = 0;
   virtual const float* loss() const = 0;          // device scalar: the last forward's mean loss
   // Sizes the training buffers for steps up to (B, T) (none may grow inside a captured graph).
   virtual void reserve(int B, int T_) = 0;

@@ -1,4 +1,5 @@
 #include "models/device_model.h"
+#include <atomic>
 #include "core/check.h"
 #include "models/delta_lm.h"
 #include "models/llama.h"
@@ -12,7 +13,7 @@ namespace {
 
 // A host model's network core (DeltaLMCore, MambaCore, LstmCore, LlamaCore) on CudaOps: one core for training, one
 // for inference, over the device copy of the host's flat parameters.
-template <class Layout, template <class, class> class Core>
+template <class Layout, template <class, class> class Core, bool kPiecewise = false>
 class CoreDevice final : public DeviceModel {
  public:
   template <class Host>
@@ -33,6 +34,32 @@ class CoreDevice final : public DeviceModel {
   const float* loss() const override { return train_.loss(); }
   void reserve(int B, int T_) override { train_.reserve(B, T_, true); }
   int generation() const override { return train_.generation(); }
+  int infer_generation() const override { return infer_.generation(); }
+  std::unique_ptr<DecodeState> new_decode_state(int B) override {
+    if constexpr (kPiecewise) {
+      static std::atomic<uint64_t> serials{0};
+      auto host = infer_.new_state(B);
+      auto st = std::make_unique<DeviceDecodeState>();
+      st->B = B;
+      st->serial = ++serials;
+      for (const auto& b : dynamic_cast<const CoreDecodeState<float>&>(*host).buffers) {
+        st->buffers.emplace_back(b.size());
+        st->buffers.back().zero();
+      }
+      return st;
+    } else {
+      return nullptr;
+    }
+  }
+  void forward_continue(const int32_t* tokens, int B, int T_, DecodeState& st) override {
+    auto& s = dynamic_cast<DeviceDecodeState&>(st);
+    LRNN_CHECK(kPiecewise, "forward_continue: this model has no decode state on the GPU");
+    LRNN_CHECK(s.B == B, "forward_continue: a state for {} sequences given {}", s.B, B);
+    std::vector<float*> bufs;
+    for (auto& b : s.buffers) bufs.push_back(b.size() ? b.data() : nullptr);
+    infer_.forward_carried(params.data(), tokens, B, T_, std::move(bufs));
+    s.position += T_;
+  }
   int vocab_size() const override { return vocab_; }
 
  private:
@@ -58,8 +85,9 @@ void DeviceModel::pad_buffers(size_t n) {
 std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type) {
   // DeltaNet, Gated DeltaNet, (Gated) DeltaProduct; Mamba ([0,1] and [-1,1]).
   if (auto* m = dynamic_cast<const DeltaLM<float>*>(&host))
-    return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore>>(*m);
-  if (auto* m = dynamic_cast<const Mamba<float>*>(&host)) return std::make_unique<CoreDevice<MambaLayout, MambaCore>>(*m);
+    return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore, true>>(*m);
+  if (auto* m = dynamic_cast<const Mamba<float>*>(&host))
+    return std::make_unique<CoreDevice<MambaLayout, MambaCore, true>>(*m);
   // xLSTM: mLSTM or sLSTM blocks.
   if (auto* m = dynamic_cast<const XLSTM<float>*>(&host)) return std::make_unique<CoreDevice<XLSTMLayout, XLSTMCore>>(*m);
   // The baselines: LSTM, Transformer (Llama).

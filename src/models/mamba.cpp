@@ -164,8 +164,7 @@ double MambaCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int32
     T* tail = carried(2 * li);  // piecewise reading (forward_continue): the conv's and the scan's state
     T* state = carried(2 * li + 1);
     Ops::short_conv_forward(a.xc, a.xz, P + w.conv, B, T_, Di, K, 2 * Di, Di, opt(w.conv_bias), tail);
-    if constexpr (!Ops::kDevice)
-      if (tail) advance_conv_tail(tail, a.xz, B, T_, Di, K, 2 * Di);
+    if (tail) Ops::short_conv_advance_tail(tail, a.xz, B, T_, Di, K, 2 * Di);
     Ops::linear_forward(a.dbc, a.xc, P + w.x_proj, nullptr, N, Di, W);              // dt | B | C
     Ops::gemm(false, true, N, Di, R, T(1), a.dbc, W, P + w.dt_proj, R, T(0), a.dtr, Di);
     Ops::selective_scan_forward(a.y, scan_inputs(a, P, w), sd, a.ckpt, state);

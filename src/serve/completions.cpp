@@ -77,8 +77,13 @@ json top_json(const CompletionService& s, const std::vector<std::pair<int32_t, d
 }  // namespace
 
 CompletionService::CompletionService(Model<float>& model, data::Tokenizer tok, ServiceOptions opt)
-    : model_(model), tok_(std::move(tok)), opt_(std::move(opt)), dec_(model, opt_.chunk) {
-  LRNN_CHECK(tok_.vocab_size() <= model_.vocab_size(), "tokenizer larger than the model's vocabulary");
+    : tok_(std::move(tok)), opt_(std::move(opt)), dec_(model, opt_.chunk) {
+  LRNN_CHECK(tok_.vocab_size() <= dec_.vocab_size(), "tokenizer larger than the model's vocabulary");
+}
+
+CompletionService::CompletionService(PieceReader& reader, data::Tokenizer tok, ServiceOptions opt)
+    : tok_(std::move(tok)), opt_(std::move(opt)), dec_(reader, opt_.chunk) {
+  LRNN_CHECK(tok_.vocab_size() <= dec_.vocab_size(), "tokenizer larger than the model's vocabulary");
 }
 
 int32_t CompletionService::document_start() const { return tok_.bos_id() >= 0 ? tok_.bos_id() : tok_.eos_id(); }
@@ -209,7 +214,7 @@ json CompletionService::completions(const json& r) {
 }
 
 json CompletionService::complete_one(const Prompt& p, const GenerateOptions& gen, bool echo, int logprobs, int index) {
-  const int V = model_.vocab_size();
+  const int V = dec_.vocab_size();
   const int32_t ds = document_start();
   const bool lead = opt_.doc_start && (p.ids.empty() || p.ids[0] != ds);
   std::vector<int32_t> read;

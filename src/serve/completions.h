@@ -66,7 +66,9 @@ struct ServiceOptions {
 
 class CompletionService {
  public:
+  // The model read on the host, or through `reader` (e.g. on a GPU; it must outlive the service).
   CompletionService(Model<float>& model, data::Tokenizer tok, ServiceOptions opt);
+  CompletionService(PieceReader& reader, data::Tokenizer tok, ServiceOptions opt);
 
   // Each throws RequestError for a bad request.
   nlohmann::json completions(const nlohmann::json& request);
@@ -91,7 +93,6 @@ class CompletionService {
   std::vector<Prompt> prompts(const nlohmann::json& p) const;
   nlohmann::json complete_one(const Prompt& p, const GenerateOptions& gen, bool echo, int logprobs, int index);
 
-  Model<float>& model_;
   data::Tokenizer tok_;
   ServiceOptions opt_;
   Decoder dec_;

@@ -38,27 +38,6 @@ namespace lrnn {
 
 namespace {
 
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
-}
-
-// Page-locked host memory (async copies from it need no staging by the driver).
-template <class T>
-struct Pinned {
-  T* p = nullptr;
-  size_t n = 0;
-  void resize(size_t m) {
-    if (m <= n) return;
-    if (p) cudaFreeHost(p);
-    LRNN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), m * sizeof(T)));
-    n = m;
-  }
-  ~Pinned() {
-    if (p) cudaFreeHost(p);
-  }
-};
-
 // The scalars of the sharded optimizer step, summed / or-ed over ranks with NCCL.
 struct NcclStepReduce final : ops::cuda::StepReduce {
   dist::Nccl* comm = nullptr;
@@ -95,9 +74,9 @@ class CudaEngine final : public Engine {
     host_ = create_model<float>(cfg.model, cfg.source, uint64_t(tc_.seed));
     model_type_ = cfg.model["model_type"].as<std::string>();
     dense_labels_ = cfg.task.name == "lm";
-    use_graphs_ = !env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
+    use_graphs_ = !cuda::env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
     const std::string& p = tc_.precision;
-    cuda::set_gemm_precision(env_off("LRNN_CUDA_TF32") || p == "fp32" ? cuda::GemmPrecision::FP32
+    cuda::set_gemm_precision(cuda::env_off("LRNN_CUDA_TF32") || p == "fp32" ? cuda::GemmPrecision::FP32
                              : p == "tf32"                            ? cuda::GemmPrecision::TF32
                                                                       : cuda::GemmPrecision::BF16);
     for (auto& e : events_) LRNN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -368,7 +347,7 @@ class CudaEngine final : public Engine {
   cuda::Buffer<uint8_t> decay_;
   cuda::Buffer<ops::cuda::StepStats> stats_;
   cuda::Buffer<int32_t> tokens_, labels_, eval_tokens_;
-  Pinned<int32_t> staging_[2];
+  cuda::Pinned<int32_t> staging_[2];
   cudaEvent_t events_[2]{};
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;
   bool use_graphs_ = true;

@@ -110,8 +110,9 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   {
     LoadedRun lr = load_run(dir / "run", {"task.eval_context=256", "task.eval_tokens=2048"});
     nlohmann::json whole = evaluate_run(lr.engine->logits_fn(), lr.model().vocab_size(), lr.cfg);
+    auto reader = host_reader(lr.model());
     nlohmann::json pieces = evaluate_run(lr.engine->logits_fn(), lr.model().vocab_size(), lr.cfg,
-                                         token_losses_piecewise(lr.model(), 64));
+                                         token_losses_piecewise(*reader, 64));
     EXPECT_NEAR(double(pieces["val_loss"]), double(whole["val_loss"]), 1e-5);
     for (size_t t = 0; t < 256; ++t)
       EXPECT_NEAR(double(pieces["loss_by_position"][t]), double(whole["loss_by_position"][t]), 1e-4) << t;

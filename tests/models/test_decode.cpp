@@ -75,7 +75,9 @@ TEST_P(Decode, PiecesEqualOneForward) {
   // Double precision: only the summation order of the recurrences differs (none here) — the
   // pieces see exactly the inputs of the whole forward.
   EXPECT_LT(worst, 1e-12) << c.name;
-  if (!c.grows) EXPECT_EQ(st->bytes(), bytes0) << c.name << ": a linear RNN's state must not grow";
+  if (!c.grows) {
+    EXPECT_EQ(st->bytes(), bytes0) << c.name << ": a linear RNN's state must not grow";
+  }
 }
 
 // Two sequences side by side (B = 2) read in pieces equal each read alone.

@@ -87,6 +87,7 @@ struct Args {
   const float *q, *k, *v, *bl, *g, *dout;
   const float* ckpt_in;                  // backward: the forward's checkpoints (delta_rule.h)
   float *o, *ckpt_out;                   // forward (either may be null)
+  float* state;                          // forward, inference: carried state [bh][Dk][Dv] in and out (or null)
   size_t u_off;                          // where the checkpoints' u part starts
   float *dq, *dk, *dv, *dbl, *dg;        // backward (dg null without a gate)
   long long lq, lk, lv, lb;              // token strides
@@ -285,8 +286,26 @@ __device__ __forceinline__ void save_state(const Args& a, int bh, int c, const f
   }
 }
 
+// The thread's slice of a [Dk][Dv] state at st: read into S (load) or written from it.
+template <int DKP, bool kLoad>
+__device__ __forceinline__ void state_io(float* st, const Args& a, float (&S)[Layout<DKP>::NR][Layout<DKP>::NC], int rg,
+                                         int col0) {
+  using Lay = Layout<DKP>;
+#pragma unroll
+  for (int i = 0; i < Lay::NR; ++i) {
+    const int row = rg + Lay::RG * i;
+#pragma unroll
+    for (int n = 0; n < Lay::NC; ++n)
+      if (row < a.Dk && col0 + n < a.Dv) {
+        if constexpr (kLoad) S[i][n] = st[size_t(row) * a.Dv + col0 + n];
+        else st[size_t(row) * a.Dv + col0 + n] = S[i][n];
+      }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
-// Forward: o (if non-null) and the checkpoints (if ckpt_out is non-null).
+// Forward: o (if non-null) and the checkpoints (if ckpt_out is non-null); from and into the
+// carried state (if non-null).
 template <int DKP>
 __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta_fwd_kernel(Args a) {
   using Lay = Layout<DKP>;
@@ -304,6 +323,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
   for (int i = 0; i < NR; ++i)
 #pragma unroll
     for (int n = 0; n < NC; ++n) S[i][n] = 0.f;
+  float* carried = a.state ? a.state + size_t(bh) * a.Dk * a.Dv : nullptr;
+  if (carried) state_io<DKP, true>(carried, a, S, rg, c0 + cl0);
 
   for (int ci = 0; ci < a.nchunks; ++ci) {
     const float* buf = next_stage<DKP>(sm, L, a, s, ci, c0, [](int i) { return i; });
@@ -352,6 +373,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Layout<DKP>::kMinBlocks) delta
     __syncthreads();  // the staging buffer and coef are reused
   }
   if (a.ckpt_out) save_state<DKP>(a, bh, a.nchunks, S, rg, c0 + cl0);  // the state after the last token
+  if (carried) state_io<DKP, false>(carried, a, S, rg, c0 + cl0);
 }
 
 // Global accumulation: plain when this block is the only one adding to the element.
@@ -860,8 +882,9 @@ __global__ void __launch_bounds__(kLaneWarps * 32, 4) delta_lane_fwd_kernel(Args
   float* ckb = a.ckpt_out && col ? a.ckpt_out + size_t(bh) * (a.nchunks + 1) * a.Dk * a.Dv + lane : nullptr;
   float* ub = ckb ? a.ckpt_out + a.u_off + size_t(bh) * a.T * nh * a.Dv + lane : nullptr;
   float S[DK];
+  float* carried = a.state && col ? a.state + size_t(bh) * a.Dk * a.Dv + lane : nullptr;  // column `lane`
 #pragma unroll
-  for (int i = 0; i < DK; ++i) S[i] = 0.f;
+  for (int i = 0; i < DK; ++i) S[i] = carried && i < a.Dk ? carried[size_t(i) * a.Dv] : 0.f;
   auto save = [&](int c) {
     float* ck = ckb + size_t(c) * a.Dk * a.Dv;
 #pragma unroll
@@ -899,6 +922,10 @@ __global__ void __launch_bounds__(kLaneWarps * 32, 4) delta_lane_fwd_kernel(Args
     }
   }
   if (ckb) save(a.nchunks);
+  if (carried)
+#pragma unroll
+    for (int i = 0; i < DK; ++i)
+      if (i < a.Dk) carried[size_t(i) * a.Dv] = S[i];
 }
 
 template <int DK, int NH, int MinBlocks>
@@ -1240,8 +1267,10 @@ size_t delta_rule_ckpt_size(const DeltaRuleDims& d, bool gated) {
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                         const float* g, const DeltaRuleDims& d, float* ckpt, float* state) {
   check_dims(d);
-  // A carried state (inference: a sequence read piece by piece) is the chunked form's.
-  if (state || chunked(d, g != nullptr)) {
+  // A carried state (inference: a sequence read piece by piece) goes through either form: the
+  // chunked one for long pieces (a prompt), the recurrent ones for short pieces (a generated
+  // token) and for head dims the chunked form does not take.
+  if (chunked(d, g != nullptr) && (!state || delta_rule_chunked_cuda_applies(d))) {
     LRNN_DELTA_REQUIRE(delta_rule_chunked_cuda_applies(d));  // head dims multiples of 16, <= 128
     delta_rule_forward_chunked(o, q, k, v, beta_logit, g, d, ckpt, state);
     return;
@@ -1249,7 +1278,7 @@ void delta_rule_forward(float* o, const float* q, const float* k, const float* v
   if (d.B == 0 || d.T == 0) return;
   Args a = make_args(d);
   a.q = q, a.k = k, a.v = v, a.bl = beta_logit, a.g = g;
-  a.o = o, a.ckpt_out = ckpt;
+  a.o = o, a.ckpt_out = ckpt, a.state = state;
   run_forward(a, d);
 }
 

@@ -8,7 +8,7 @@
 namespace lrnn::ops::cuda {
 void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                         const float* g, const DeltaRuleDims& d, float* ckpt = nullptr,
-                        float* state = nullptr);  // state: the chunked path only (see below)
+                        float* state = nullptr);
 void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
                          const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
                          const DeltaRuleDims& d, const float* ckpt = nullptr, bool accumulate = true);
@@ -23,9 +23,9 @@ void set_delta_rule_kernel(DeltaKernel k);
 
 // The chunked (WY) form on tensor cores (delta_rule_chunked_cuda.cu): the same contract, for
 // head dims that are multiples of 16 whose per-chunk tiles fit shared memory (up to 128) and
-// n_h <= 64. It alone carries a state in and out (`state`, inference). Its checkpoints use their
-// own layout in the same buffer (delta_rule.h), so forward and backward must take the same path
-// (the choice depends only on the dims and whether there is a gate).
+// n_h <= 64. Its checkpoints use their own layout in the same buffer (delta_rule.h), so forward
+// and backward must take the same path (the choice depends only on the dims and whether there is
+// a gate). A carried state (inference) goes through either form: the chunked one where it pays.
 bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d);
 // The checkpoint buffer the training forward needs on the GPU: the layout of the path the op will
 // take for these dims (the chunked form's is ~3x smaller at head dim 128), or, while a kernel

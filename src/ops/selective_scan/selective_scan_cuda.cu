@@ -55,6 +55,7 @@ struct Args {
   int Bn, T, Di, N, lx, ldt, lz, lbc, nchunks;
   float* y;                // forward output (may be null)
   float* ckpt_out;         // forward: chunk-start states (may be null)
+  float* state;            // forward, inference: carried state [B][N*Di] in and out (or null)
   const float* ckpt_in;    // backward: chunk-start states
   const float* dy;         // backward
   float *gx, *gdt, *gbias, *gA, *gB, *gC, *gD, *gz;
@@ -185,6 +186,11 @@ __global__ void __launch_bounds__(kFwdWarps * 32) scan_forward_kernel(const Args
   const float bias = (L.cok && a.dt_bias) ? a.dt_bias[c] : 0.f;
   const float Dc = (L.cok && a.D) ? a.D[c] : 0.f;
   const size_t SS = size_t(a.N) * a.Di;
+  float* carried = a.state && L.cok ? a.state + b * SS + size_t(L.n0) * a.Di + c : nullptr;
+  if (carried)
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+      if (j < L.nvalid) h[j] = carried[size_t(j) * a.Di];
   for (int t = 0; t < a.T; ++t) {
     const size_t tok = b * a.T + t;
     if (kStage && t % kChunk == 0) {
@@ -218,6 +224,10 @@ __global__ void __launch_bounds__(kFwdWarps * 32) scan_forward_kernel(const Args
       a.y[tok * a.Di + c] = out;
     }
   }
+  if (carried)
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+      if (j < L.nvalid) carried[size_t(j) * a.Di] = h[j];
 }
 
 // One token's per-channel inputs of the backward (pre = dt + bias).
@@ -435,10 +445,10 @@ struct Bwd {
 
 void selective_scan_forward(float* y, const SelectiveScanInputs<float>& in, const SelectiveScanDims& d, float* ckpt,
                             float* state) {
-  LRNN_CHECK(!state, "selective_scan_forward: a carried state is CPU-only");
+  LRNN_CHECK(!(state && ckpt), "selective_scan_forward: a carried state is for inference (no checkpoints)");
   Args a = make_args(in, d);
   if (d.T == 0) return;
-  a.y = y, a.ckpt_out = ckpt;
+  a.y = y, a.ckpt_out = ckpt, a.state = state;
   dispatch<Fwd>(a, d.range, kFwdWarps);
 }
 

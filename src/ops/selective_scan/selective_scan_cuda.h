@@ -11,7 +11,7 @@ namespace lrnn::ops::cuda {
 constexpr int kScanCudaMaxN = 512;
 
 void selective_scan_forward(float* y, const SelectiveScanInputs<float>& in, const SelectiveScanDims& d,
-                            float* ckpt = nullptr, float* state = nullptr);  // state: CPU-only (null)
+                            float* ckpt = nullptr, float* state = nullptr);
 void selective_scan_backward(const SelectiveScanGrads<float>& grad, const float* dy,
                              const SelectiveScanInputs<float>& in, const SelectiveScanDims& d,
                              const float* ckpt = nullptr);

@@ -28,4 +28,9 @@ void short_conv_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, in
 template <class T>
 void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, int B, int T_, int C, int K, int ldx,
                                int ldo, int Cn, int D, double eps, int ldn = 0, const T* prev = nullptr);
+// After a piece of T_ tokens: tail [B,K-1,C] (the inputs before the piece, `prev` above) becomes
+// the inputs before the next piece, the last K-1 rows of tail followed by x [B,T_,C] (token
+// stride ldx, 0 = C). Nothing to do for K <= 1.
+template <class T>
+void short_conv_advance_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx = 0);
 }  // namespace lrnn::ops

@@ -129,12 +129,29 @@ void short_conv_l2norm_forward(T* out, T* y, T* rstd, const T* x, const T* w, in
   l2norm_forward<T>(y, rstd, out, B * T_, D, eps, Cn / D, ldo ? ldo : C, ldn);
 }
 
+template <class T>
+void short_conv_advance_tail(T* tail, const T* x, int B, int T_, int C, int K, int ldx) {
+  if (!ldx) ldx = C;
+  const int keep = K - 1;
+  if (keep <= 0) return;
+  for (int b = 0; b < B; ++b) {
+    T* tb = tail + size_t(b) * keep * C;
+    const int from_x = std::min(T_, keep), from_tail = keep - from_x;
+    // rows [0, from_tail) <- the tail's last from_tail rows (in increasing order: row r + T_ is
+    // read before it is written); then the last from_x rows of x
+    for (int r = 0; r < from_tail; ++r) std::copy_n(tb + size_t(r + T_) * C, C, tb + size_t(r) * C);
+    for (int r = 0; r < from_x; ++r)
+      std::copy_n(x + (size_t(b) * T_ + size_t(T_ - from_x + r)) * ldx, C, tb + size_t(from_tail + r) * C);
+  }
+}
+
 #define INST(T)                                                                          \
   template void short_conv_forward<T>(T*, const T*, const T*, int, int, int, int, int, int, const T*, const T*); \
   template void short_conv_l2norm_forward<T>(T*, T*, T*, const T*, const T*, int, int, int, int, int, int, int, int, \
                                              double, int, const T*);                                               \
   template void short_conv_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, int, int, \
-                                       const T*, T*, bool);
+                                       const T*, T*, bool);                                                 \
+  template void short_conv_advance_tail<T>(T*, const T*, int, int, int, int, int);
 INST(float)
 INST(double)
 }  // namespace lrnn::ops

@@ -88,15 +88,18 @@ __device__ __forceinline__ float pre_act(const float (&wr)[K > 0 ? K : 1][VW], c
   return pre;
 }
 
-// The window before step t0: slots 1 .. K-1 hold x[t0-K+1 .. t0-1] (0 before t = 0); slot 0 is
-// shifted out by the first step. xb = &x[b, 0, c].
+// The window before step t0: slots 1 .. K-1 hold x[t0-K+1 .. t0-1] (before t = 0: the carried
+// inputs pb = &prev[b, 0, c] (rows of C), or 0 without them); slot 0 is shifted out by the first
+// step. xb = &x[b, 0, c].
 template <int K, int VW>
-__device__ __forceinline__ void prime_window(float (&xw)[K > 0 ? K : 1][VW], const float* xb, int t0, int ldx) {
+__device__ __forceinline__ void prime_window(float (&xw)[K > 0 ? K : 1][VW], const float* xb, int t0, int ldx,
+                                             const float* pb, int C) {
   zero(xw[0]);
 #pragma unroll
   for (int j = 1; j < K; ++j) {
     const int p = t0 - K + j;
     if (p >= 0) load_ro(xw[j], xb + size_t(p) * ldx);
+    else if (pb) load_ro(xw[j], pb + size_t(K - 1 + p) * C);
     else zero(xw[j]);
   }
 }
@@ -131,6 +134,7 @@ __global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __
                                                                     const float* __restrict__ w,
                                                                     const float* __restrict__ bias, int B, int T,
                                                                     int C, int ldx, int ldo, int L, int nchunks,
+                                                                    const float* __restrict__ prev,
                                                                     NormOut nrm = {}) {
   constexpr int KW = K > 0 ? K : 1;
   const int c = (blockIdx.x * kLanes + threadIdx.x) * VW;
@@ -146,7 +150,8 @@ __global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __
     const float* xb = x + size_t(b) * T * ldx + (live ? c : 0);
     float* ob = out + size_t(b) * T * ldo + c;
     float xw[KW][VW];
-    if (live) prime_window<K, VW>(xw, xb, t0, ldx);
+    if (live)
+      prime_window<K, VW>(xw, xb, t0, ldx, prev && K > 1 ? prev + size_t(b) * (K - 1) * C + c : nullptr, C);
     float xq[kFwdPrefetch][VW];  // x of steps t .. t + kFwdPrefetch - 1 (loaded ahead)
 #pragma unroll
     for (int k = 0; k < kFwdPrefetch; ++k)
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(kLanes* kBwdRows) conv_bwd_kernel(
     const float* gb = dout + size_t(b) * T * ldo + c;
     float* dxb = dx + size_t(b) * T * ldx + c;
     float xw[KW][VW], pw[KW][VW];  // xw[j] = x[t-(K-1)+j], pw[j] = dpre[t-(K-1)+j]
-    prime_window<K, VW>(xw, xb, t0, ldx);
+    prime_window<K, VW>(xw, xb, t0, ldx, nullptr, C);  // (training: nothing carried)
 #pragma unroll
     for (int j = 0; j < KW; ++j) zero(pw[j]);  // dpre before t0 feeds no dx of this chunk
     // The inputs of steps t .. t + kBwdPrefetch - 1, loaded ahead: x[t], dout[t] (0 at t >= T)
@@ -406,7 +411,7 @@ static_assert(kBx * kBy == kThreads);
 
 __global__ void short_conv_forward_kernel(float* __restrict__ out, const float* __restrict__ x,
                                           const float* __restrict__ w, const float* __restrict__ bias, int B, int T,
-                                          int C, int K, int ldx, int ldo) {
+                                          int C, int K, int ldx, int ldo, const float* __restrict__ prev) {
   const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= size_t(B) * T * C) return;
   const int c = int(e % C);
@@ -418,6 +423,9 @@ __global__ void short_conv_forward_kernel(float* __restrict__ out, const float* 
     pre = xb[size_t(t) * ldx] + pre;
   } else {
     for (int j = max(0, K - 1 - t); j < K; ++j) pre += w[size_t(c) * K + j] * xb[size_t(t - (K - 1) + j) * ldx];
+    if (prev)  // inputs before t = 0: the carried ones, prev[b, K-1+p, c] for p = t-(K-1)+j < 0
+      for (int j = 0; j < K - 1 - t; ++j)
+        pre += w[size_t(c) * K + j] * prev[(size_t(bt - t) / T * (K - 1) + size_t(t + j)) * C + c];
   }
   out[bt * ldo + c] = pre * sigmoid(pre);
 }
@@ -528,11 +536,11 @@ namespace {
 
 template <int VW>
 void launch_fwd(const WinPlan& p, float* out, const float* x, const float* w, const float* bias, int B, int T, int C,
-                int K, int ldx, int ldo) {
+                int K, int ldx, int ldo, const float* prev) {
   const dim3 grid(p.ctiles, p.rblocks), block(kLanes, kFwdRows);
   cudaStream_t s = ::lrnn::cuda::stream();
 #define LRNN_CONV_FWD(KK) \
-  conv_fwd_kernel<KK, VW><<<grid, block, 0, s>>>(out, x, w, bias, B, T, C, ldx, ldo, p.L, p.nchunks)
+  conv_fwd_kernel<KK, VW><<<grid, block, 0, s>>>(out, x, w, bias, B, T, C, ldx, ldo, p.L, p.nchunks, prev)
   switch (K) {
     case 0: LRNN_CONV_FWD(0); break;
     case 1: LRNN_CONV_FWD(1); break;
@@ -565,40 +573,40 @@ void launch_bwd(const WinPlan& p, float* dx, float* part, float* dw, float* dbia
 
 void short_conv_forward(float* out, const float* x, const float* w, int B, int T_, int C, int K, int ldx, int ldo,
                         const float* bias, const float* prev) {
-  LRNN_CHECK(!prev, "short_conv_forward: a carried conv state is CPU-only");
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   if (B <= 0 || T_ <= 0 || C <= 0) return;
+  if (K <= 1) prev = nullptr;  // nothing carried
   if (K > kMaxWinK) {
     const size_t n = size_t(B) * T_ * C;
     short_conv_forward_kernel<<<::lrnn::cuda::blocks_for(n, kThreads), kThreads, 0, ::lrnn::cuda::stream()>>>(
-        out, x, w, bias, B, T_, C, K, ldx, ldo);
+        out, x, w, bias, B, T_, C, K, ldx, ldo, prev);
     LRNN_CUDA_LAUNCH_CHECK();
     return;
   }
-  const int vw = vector_width(C, ldx, ldo, {x, out});
+  const int vw = vector_width(C, ldx, ldo, {x, out, prev});
   const WinPlan p = plan_window(B, T_, C, K, vw, kFwdRows, 2048LL * ::lrnn::cuda::num_sms(), false);
-  if (vw == 4) launch_fwd<4>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
-  else if (vw == 2) launch_fwd<2>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
-  else launch_fwd<1>(p, out, x, w, bias, B, T_, C, K, ldx, ldo);
+  if (vw == 4) launch_fwd<4>(p, out, x, w, bias, B, T_, C, K, ldx, ldo, prev);
+  else if (vw == 2) launch_fwd<2>(p, out, x, w, bias, B, T_, C, K, ldx, ldo, prev);
+  else launch_fwd<1>(p, out, x, w, bias, B, T_, C, K, ldx, ldo, prev);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 void short_conv_l2norm_forward(float* out, float* y, float* rstd, const float* x, const float* w, int B, int T_,
                                int C, int K, int ldx, int ldo, int Cn, int D, double eps, int ldn,
                                const float* prev) {
-  LRNN_CHECK(!prev, "short_conv_l2norm_forward: a carried conv state is CPU-only");
   if (!ldx) ldx = C;
   if (!ldo) ldo = C;
   if (!ldn) ldn = Cn;
   if (B <= 0 || T_ <= 0 || C <= 0) return;
   LRNN_CHECK(D > 0 && Cn >= 0 && Cn <= C && Cn % D == 0, "short_conv_l2norm_forward: Cn {} in heads of {} of C {}",
              Cn, D, C);
-  const int vw = vector_width(C, ldx, ldo, {x, out});
+  if (K <= 1) prev = nullptr;
+  const int vw = vector_width(C, ldx, ldo, {x, out, prev});
   const bool fused = K <= kMaxWinK && vw == 4 && (D == 16 || D == 32 || D == 64) && ldn % 4 == 0 &&
                      ::lrnn::cuda::aligned(y, 16);
   if (!fused) {  // the two ops one after the other
-    short_conv_forward(out, x, w, B, T_, C, K, ldx, ldo);
+    short_conv_forward(out, x, w, B, T_, C, K, ldx, ldo, nullptr, prev);
     l2norm_forward(y, rstd, out, B * T_, D, eps, Cn / D, ldo, ldn);
     return;
   }
@@ -607,7 +615,7 @@ void short_conv_l2norm_forward(float* out, float* y, float* rstd, const float* x
   const NormOut nrm{y, rstd, Cn, ldn, float(eps)};
   cudaStream_t s = ::lrnn::cuda::stream();
 #define LRNN_CONV_NRM(KK, GG) \
-  conv_fwd_kernel<KK, 4, GG><<<grid, block, 0, s>>>(out, x, w, nullptr, B, T_, C, ldx, ldo, p.L, p.nchunks, nrm)
+  conv_fwd_kernel<KK, 4, GG><<<grid, block, 0, s>>>(out, x, w, nullptr, B, T_, C, ldx, ldo, p.L, p.nchunks, prev, nrm)
 #define LRNN_CONV_NRM_K(GG)            \
   switch (K) {                         \
     case 0: LRNN_CONV_NRM(0, GG); break; \
@@ -656,6 +664,31 @@ void short_conv_backward(float* dx, float* dw, const float* dout, const float* x
     conv_reduce_kernel<<<(Q + 31) / 32, dim3(32, 32), 0, ::lrnn::cuda::stream()>>>(dw, dbias, part, p.rblocks, C, K);
     LRNN_CUDA_LAUNCH_CHECK();
   }
+}
+
+namespace {
+// One thread per (sequence, channel): its K-1 tail rows in increasing order (row r + T_ is read
+// before row r + T_ is written), as the CPU op.
+__global__ void advance_tail_kernel(float* __restrict__ tail, const float* __restrict__ x, int B, int T, int C,
+                                    int keep, int ldx) {
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= size_t(B) * C) return;
+  const int c = int(e % C);
+  const size_t b = e / C;
+  float* tb = tail + b * keep * C + c;
+  const int from_x = min(T, keep), from_tail = keep - from_x;
+  for (int r = 0; r < from_tail; ++r) tb[size_t(r) * C] = tb[size_t(r + T) * C];
+  for (int r = 0; r < from_x; ++r) tb[size_t(from_tail + r) * C] = x[(b * T + size_t(T - from_x + r)) * ldx + c];
+}
+}  // namespace
+
+void short_conv_advance_tail(float* tail, const float* x, int B, int T_, int C, int K, int ldx) {
+  if (!ldx) ldx = C;
+  if (K <= 1 || B <= 0 || T_ <= 0 || C <= 0) return;
+  const size_t n = size_t(B) * C;
+  advance_tail_kernel<<<::lrnn::cuda::blocks_for(n, 256), 256, 0, ::lrnn::cuda::stream()>>>(tail, x, B, T_, C, K - 1,
+                                                                                            ldx);
+  LRNN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace lrnn::ops::cuda

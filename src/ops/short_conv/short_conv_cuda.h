@@ -4,8 +4,6 @@
 // for K <= 4 (per-block partials in the device scratch, added in a fixed order).
 #pragma once
 namespace lrnn::ops::cuda {
-// prev: the CPU op's carried conv state; not supported here yet (must be null: generation and
-// piecewise reading run on the CPU).
 void short_conv_forward(float* out, const float* x, const float* w, int B, int T_, int C, int K, int ldx = 0,
                         int ldo = 0, const float* bias = nullptr, const float* prev = nullptr);
 // short_conv_forward with the first Cn channels of each token L2-normalised per head of D, as
@@ -19,4 +17,5 @@ void short_conv_l2norm_forward(float* out, float* y, float* rstd, const float* x
 void short_conv_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int B, int T_,
                          int C, int K, int ldx = 0, int ldo = 0, const float* bias = nullptr,
                          float* dbias = nullptr, bool accumulate = true);
+void short_conv_advance_tail(float* tail, const float* x, int B, int T_, int C, int K, int ldx = 0);
 }  // namespace lrnn::ops::cuda
