@@ -431,27 +431,40 @@ YAML
   fi
   if want lm-gen; then
     echo "== generation speed"
-    # A DeltaNet of hidden 512, 8 layers, 8 heads on the Shakespeare tokenizer (50 steps: weights
-    # that are not random); lrnn on the host's CPU cores, fla on the GPU.
-    timeout 200 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/gen" --set training.num_steps=50 \
-      --set model.hidden_size=512 --set model.num_hidden_layers=8 --set model.num_heads=8 >"$LOGS/gen_train.log" 2>&1 || true
-    echo "## Generation (greedy, EOS ignored): lrnn on the CPU ($(nproc) cores) vs fla generate on the GPU, DeltaNet hidden 512, 8 layers, 8 heads, V 1000" >>"$sum"
+    # DeltaNets on the Shakespeare tokenizer (V 1000; a few training steps: weights that are not
+    # random), at GEN_SHAPES (layers:hidden:heads; default the P1/P2 340M body, then a small one).
+    # lrnn on the GPU with and without its CUDA graph per token (and on the host's CPU cores at the
+    # small shape), fla's Hugging Face generate (recurrent cache) on the same GPU with the same
+    # shape, fp32 weights on both sides; greedy, EOS ignored, exactly N tokens.
+    echo "## Generation (greedy, EOS ignored, fp32 weights): DeltaNet, V 1000; lrnn generate vs fla generate on the same GPU" >>"$sum"
     echo >>"$sum"
-    # lrnn's rows first, then fla's (its Triton compilation takes minutes): a call cut short
-    # keeps lrnn's.
-    echo "| implementation | tokens | tokens/s | peak memory MiB | state KiB |" >>"$sum"
-    echo "|---|---|---|---|---|" >>"$sum"
-    local n row
-    for n in ${GEN_TOKENS:-1024 8192 32768}; do
-      row=$(timeout 300 "$bin/lrnn" generate --run "$runs/gen" --prompt "ROMEO:" --max-tokens "$n" --temperature 0 --ignore-eos --json 2>>"$LOGS/gen.err" |
-        python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{len(j['tokens'])/j['seconds']:.0f} | {j['peak_rss_bytes']/2**20:.0f} (host RSS) | {j['state_bytes']/1024:.0f}\")" 2>/dev/null || echo "failed | | ")
-      echo "| lrnn (CPU) | $n | $row |" >>"$sum"
-    done
-    for n in ${GEN_TOKENS:-1024 8192 32768}; do
-      [[ $n -le ${FLA_GEN_MAX:-8192} ]] || continue
-      row=$(timeout 300 python3 bench/lm_fla.py generate --model delta_net --hidden 512 --layers 8 --heads 8 --vocab 1000 \
-        --tokens "$n" 2>>"$LOGS/fla_gen.err" | tail -n 1 | python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{j['tokens_per_s']:.0f} | {j['peak_gpu_gib']*1024:.0f} (GPU) | -\")" 2>/dev/null || echo "failed | | ")
-      echo "| fla generate (GPU) | $n | $row |" >>"$sum"
+    echo "| model | implementation | tokens | tokens/s | memory MiB | state KiB |" >>"$sum"
+    echo "|---|---|---|---|---|---|" >>"$sum"
+    local n row shape L d H
+    for shape in ${GEN_SHAPES:-24:1024:8 8:512:8}; do
+      IFS=: read -r L d H <<<"$shape"
+      timeout 200 "$bin/lrnn" train --config "$lm_cfg" --device cuda --force --out "$runs/gen$L" --set training.num_steps=20 \
+        --set training.val_every=0 --set model.hidden_size="$d" --set model.num_hidden_layers="$L" \
+        --set model.num_heads="$H" >"$LOGS/gen_train_$L.log" 2>&1 || true
+      gen_row() {  # label, then lrnn generate's arguments
+        local label=$1
+        shift
+        row=$(timeout 300 "$@" --run "$runs/gen$L" --prompt "ROMEO:" --max-tokens "$n" --temperature 0 --ignore-eos --json \
+          2>>"$LOGS/gen.err" | python3 -c "import json,sys; j=json.load(sys.stdin); m=j['device_bytes']/2**20 if j['device_bytes'] else j['peak_rss_bytes']/2**20; print(f\"{len(j['tokens'])/j['seconds']:.0f} | {m:.0f} ({'GPU' if j['device_bytes'] else 'host RSS'}) | {j['state_bytes']/1024:.0f}\")" 2>/dev/null || echo "failed | | ")
+        echo "| $L x $d | $label | $n | $row |" >>"$sum"
+      }
+      for n in ${GEN_TOKENS:-1024 8192 32768}; do
+        gen_row "lrnn (CUDA graph per token)" "$bin/lrnn" generate --device cuda
+      done
+      n=1024
+      gen_row "lrnn (CUDA, op by op)" env LRNN_CUDA_GRAPHS=0 "$bin/lrnn" generate --device cuda
+      [[ $L -le 8 ]] && gen_row "lrnn (CPU, $(nproc) cores)" "$bin/lrnn" generate --device cpu
+      for n in ${GEN_TOKENS:-1024 8192 32768}; do
+        [[ $n -le ${FLA_GEN_MAX:-8192} ]] || continue
+        row=$(timeout 300 python3 bench/lm_fla.py generate --model delta_net --hidden "$d" --layers "$L" --heads "$H" \
+          --vocab 1000 --tokens "$n" 2>>"$LOGS/fla_gen.err" | tail -n 1 | python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"{j['tokens_per_s']:.0f} | {j['peak_gpu_gib']*1024:.0f} (GPU) | -\")" 2>/dev/null || echo "failed | | ")
+        echo "| $L x $d | fla generate | $n | $row |" >>"$sum"
+      done
     done
     echo >>"$sum"
   fi

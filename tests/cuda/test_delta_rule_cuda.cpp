@@ -424,49 +424,70 @@ TEST(DeltaRuleCudaChunked, LongSequence) {
 }
 
 // A sequence read in two pieces with the state carried (inference) equals one read whole, and
-// the CPU's carried-state forward.
-TEST(DeltaRuleCudaChunked, CarriedState) {
-  LRNN_REQUIRE_GPU();
+// the CPU's carried-state forward, on kernel family `k` (Auto: the op's own choice).
+void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::DeltaKernel k, const std::string& what) {
+  SCOPED_TRACE(what);
   lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::FP32);
-  Opts o;
-  o.gate = true;
-  const DeltaRuleDims d = dims(2, 150, 2, 64, 64, 1, EigenRange::Signed);
+  lrnn::ops::cuda::set_delta_rule_kernel(k);
   const Problem p(d, o);
   const size_t SS = size_t(d.B) * d.H * d.Dk * d.Dv, no = p.N * d.H * d.Dv;
+  const float* gh = o.gate ? p.g.data() : nullptr;
   std::vector<float> s0 = randn(SS, 3, 0.3, 9);
   std::vector<float> o_ref(no), s_ref = s0;
   lrnn::ops::delta_rule_forward<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
-                                       p.b(p.x.data()), p.g.data(), d, nullptr, s_ref.data());
-  auto x = to_device(p.x), g = to_device(p.g), st = to_device(s0);
+                                       p.b(p.x.data()), gh, d, nullptr, s_ref.data());
+  auto x = to_device(p.x), g = to_device(o.gate ? p.g : std::vector<float>(1)), st = to_device(s0);
+  float* gd = o.gate ? g.data() : nullptr;
   Buffer<float> out(no);
-  lrnn::ops::cuda::delta_rule_forward(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()),
-                                      g.data(), d, nullptr, st.data());
+  lrnn::ops::cuda::delta_rule_forward(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
+                                      nullptr, st.data());
   lrnn::cuda::synchronize();
   near(out.download(), o_ref, 1e-4, "outputs from a carried state");
   near(st.download(), s_ref, 1e-4, "the state after the sequence");
-  // Two pieces (B = 1 so that a piece is a contiguous run of tokens): 97 tokens, then 53.
+  // Two pieces (B = 1 so that a piece is a contiguous run of tokens): t1 tokens, then the rest.
+  const int t1 = d.T * 2 / 3;
   DeltaRuleDims d1 = d, d2 = d;
-  d1.B = d2.B = 1, d1.T = 97, d2.T = 53;
+  d1.B = d2.B = 1, d1.T = t1, d2.T = d.T - t1;
   d1.ldq = d2.ldq = d.lq(), d1.ldk = d2.ldk = d.lk(), d1.ldv = d2.ldv = d.lv(), d1.ldb = d2.ldb = d.lb();
-  std::vector<float> s_one(s0.begin(), s0.begin() + SS / 2), o_one(size_t(d.T) * d.H * d.Dv);
+  std::vector<float> s_one(s0.begin(), s0.begin() + SS / d.B), o_one(size_t(d.T) * d.H * d.Dv);
   DeltaRuleDims d0 = d1;
   d0.T = d.T;
   lrnn::ops::delta_rule_forward<float>(o_one.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
-                                       p.b(p.x.data()), p.g.data(), d0, nullptr, s_one.data());
-  auto st2 = to_device(std::vector<float>(s0.begin(), s0.begin() + SS / 2));
-  Buffer<float> o1(size_t(97) * d.H * d.Dv), o2(size_t(53) * d.H * d.Dv);
-  lrnn::ops::cuda::delta_rule_forward(o1.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()),
-                                      g.data(), d1, nullptr, st2.data());
-  const size_t t1 = 97;
-  lrnn::ops::cuda::delta_rule_forward(o2.data(), p.q(x.data()) + t1 * d.lq(), p.k(x.data()) + t1 * d.lk(),
-                                      p.v(x.data()) + t1 * d.lv(), p.b(x.data()) + t1 * d.lb(), g.data() + t1 * d.H,
-                                      d2, nullptr, st2.data());
+                                       p.b(p.x.data()), gh, d0, nullptr, s_one.data());
+  auto st2 = to_device(std::vector<float>(s0.begin(), s0.begin() + SS / d.B));
+  Buffer<float> o1(size_t(t1) * d.H * d.Dv), o2(size_t(d.T - t1) * d.H * d.Dv);
+  lrnn::ops::cuda::delta_rule_forward(o1.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d1,
+                                      nullptr, st2.data());
+  const size_t o2t = size_t(t1);
+  lrnn::ops::cuda::delta_rule_forward(o2.data(), p.q(x.data()) + o2t * d.lq(), p.k(x.data()) + o2t * d.lk(),
+                                      p.v(x.data()) + o2t * d.lv(), p.b(x.data()) + o2t * d.lb(),
+                                      gd ? gd + o2t * d.H : nullptr, d2, nullptr, st2.data());
   lrnn::cuda::synchronize();
   std::vector<float> pieces = o1.download(), second = o2.download();
   pieces.insert(pieces.end(), second.begin(), second.end());
   near(pieces, o_one, 1e-4, "outputs read in two pieces");
   near(st2.download(), s_one, 1e-4, "the state after two pieces");
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
   lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
+}
+
+// Every kernel family carries a state: the chunked form (forced, and by its own choice at head
+// dim 128 and T >= 256), the tiled recurrent kernels (head dims 64 and 100, which the chunked form
+// does not take; DeltaProduct), the lane kernels (head dim 32), and a single token (generation).
+TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
+  LRNN_REQUIRE_GPU();
+  using lrnn::ops::cuda::DeltaKernel;
+  Opts o;
+  o.gate = true;
+  check_carried(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o, DeltaKernel::Chunked, "chunked, forced");
+  check_carried(dims(2, 300, 2, 128, 128, 1, EigenRange::Signed), o, DeltaKernel::Auto, "chunked, chosen");
+  check_carried(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o, DeltaKernel::Tiled, "tiled, 64");
+  check_carried(dims(2, 90, 3, 100, 64, 2, EigenRange::Signed), o, DeltaKernel::Auto, "tiled, 100, n_h 2");
+  check_carried(dims(2, 77, 4, 32, 32, 1, EigenRange::Signed), o, DeltaKernel::Auto, "lane, 32");
+  check_carried(dims(2, 70, 2, 32, 32, 3, EigenRange::Signed), o, DeltaKernel::Auto, "lane, 32, n_h 3");
+  Opts plain;
+  check_carried(dims(2, 3, 2, 64, 64, 1, EigenRange::Unit), plain, DeltaKernel::Auto, "tiled, 3 tokens, no gate");
+  check_carried(dims(1, 2, 2, 128, 128, 1, EigenRange::Signed), plain, DeltaKernel::Auto, "one token then one");
 }
 
 TEST(DeltaRuleCudaChunked, RefusesWhatItCannotDo) {

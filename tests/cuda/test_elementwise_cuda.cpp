@@ -592,6 +592,52 @@ void check_conv_l2norm(int B, int T, int C, int K, int ldx, int Cn, int D, int o
   expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
 }
 
+// The conv reading a piece after others (inference): prev [B, K-1, C] holds the inputs before the
+// piece. CUDA against the CPU with the same prev, plain (D = 0) or with the fused L2 norm of the
+// first Cn channels (heads of D); then the tail advanced past the piece on both (copies: exact).
+void check_conv_carried(int B, int T, int C, int K, int ldx, int Cn, int D, uint64_t seed) {
+  SCOPED_TRACE("carried conv B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " K=" + std::to_string(K) + " ldx=" + std::to_string(ldx) + " D=" + std::to_string(D));
+  const int N = B * T, keep = std::max(K - 1, 0);
+  auto x = randn(size_t(N) * ldx, seed, 1.5), w = randn(size_t(C) * std::max(K, 1), seed + 1, 0.5);
+  auto b = randn(size_t(C), seed + 2, 0.5), prev = randn(size_t(B) * keep * C + 1, seed + 3, 1.5);
+  std::vector<float> out(size_t(N) * C), y(size_t(N) * std::max(Cn, 1)), r(size_t(N) * (D ? Cn / D : 1));
+  auto X = to_device(x), W = to_device(w), Bi = to_device(b), P = to_device(prev);
+  Buffer<float> Out(out.size()), Y(y.size()), R(r.size());
+  if (D == 0) {
+    cpu::short_conv_forward<float>(out.data(), x.data(), w.data(), B, T, C, K, ldx, C, b.data(), prev.data());
+    gpu::short_conv_forward(Out.data(), X.data(), W.data(), B, T, C, K, ldx, C, Bi.data(), P.data());
+    expect_close(Out.download(), out, kFwdAtol, kFwdRtol, "out");
+  } else {
+    cpu::short_conv_l2norm_forward<float>(out.data(), y.data(), r.data(), x.data(), w.data(), B, T, C, K, ldx, C, Cn,
+                                          D, 1e-6, Cn, prev.data());
+    gpu::short_conv_l2norm_forward(Out.data(), Y.data(), R.data(), X.data(), W.data(), B, T, C, K, ldx, C, Cn, D, 1e-6,
+                                   Cn, P.data());
+    expect_close(Y.download(), y, kFwdAtol, kFwdRtol, "y (normalised channels)");
+    auto got = Out.download();
+    std::vector<float> g2, w2;
+    for (int n = 0; n < N; ++n)
+      for (int c = Cn; c < C; ++c) g2.push_back(got[size_t(n) * C + c]), w2.push_back(out[size_t(n) * C + c]);
+    expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
+  }
+  cpu::short_conv_advance_tail<float>(prev.data(), x.data(), B, T, C, K, ldx);
+  gpu::short_conv_advance_tail(P.data(), X.data(), B, T, C, K, ldx);
+  EXPECT_EQ(P.download(), prev) << "the tail after the piece";
+}
+
+TEST(CudaElementwise, ShortConvCarriesItsInputs) {
+  LRNN_REQUIRE_GPU();
+  for (int T : {1, 2, 3, 7}) {
+    check_conv_carried(2, T, 40, 4, 44, 0, 0, 400 + T);   // float4 rows
+    check_conv_carried(2, T, 33, 4, 33, 0, 0, 410 + T);   // scalar rows
+    check_conv_carried(2, T, 24, 9, 24, 0, 0, 420 + T);   // K > 4: the general kernel
+    check_conv_carried(1, T, 30, 3, 32, 0, 0, 430 + T);   // float2 rows, K = 3
+    check_conv_carried(2, T, 384, 4, 392, 256, 64, 440 + T);  // fused L2 norm (heads of 64)
+    check_conv_carried(2, T, 768, 4, 776, 512, 128, 450 + T);  // heads of 128: conv, then norm
+  }
+  check_conv_carried(2, 5, 16, 1, 16, 0, 0, 460);  // K = 1: nothing carried
+}
+
 TEST(CudaElementwise, ShortConvL2Norm) {
   LRNN_REQUIRE_GPU();
   check_conv_l2norm(64, 40, 384, 4, 388, 256, 32, 0, 80);   // the P1 DeltaNet layer (fused, D = 32)

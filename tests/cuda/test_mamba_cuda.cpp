@@ -200,6 +200,30 @@ TEST(MambaCuda, GemmMatchesCpu) {
   check_gemm({true, false, 64, 4, 222, 0, 36, 0, 1.f, 1.f});
 }
 
+// A carried state (inference): the scan from a random state equals the CPU's, and so does the
+// state after it (at N = 16, staged B/C rows; N = 5 and 40, the other layouts).
+TEST(MambaCuda, ScanCarriesItsState) {
+  LRNN_REQUIRE_GPU();
+  for (const auto& dd : {sdims(2, 9, 64, 16, kSigned), sdims(3, 1, 40, 5, kUnit), sdims(1, 70, 33, 40, kSigned)}) {
+    const ScanProblem p(dd, {});
+    const ops::SelectiveScanDims& d = p.d;
+    SCOPED_TRACE("B=" + std::to_string(d.B) + " T=" + std::to_string(d.T) + " N=" + std::to_string(d.N));
+    const size_t ny = p.ntok * d.Di, ns = size_t(d.B) * d.N * d.Di;
+    const auto s0 = randn(ns, 17, 0.5);
+    std::vector<float> y_ref(ny), s_ref = s0;
+    ops::selective_scan_forward<float>(y_ref.data(), p.inputs(p.rows.data(), p.A_log.data(), p.bias.data(), p.D.data()),
+                                       d, nullptr, s_ref.data());
+    auto rows = to_device(p.rows), A_log = to_device(p.A_log), bias = to_device(p.bias), D = to_device(p.D);
+    auto st = to_device(s0);
+    cuda::Buffer<float> y(ny);
+    ops::cuda::selective_scan_forward(y.data(), p.inputs(rows.data(), A_log.data(), bias.data(), D.data()), d, nullptr,
+                                      st.data());
+    cuda::synchronize();
+    near(y.download(), y_ref, 1e-4, "y from a carried state");
+    near(st.download(), s_ref, 1e-4, "the state after the piece");
+  }
+}
+
 TEST(MambaCuda, ScanUnitState16) {
   LRNN_REQUIRE_GPU();
   check_scan(sdims(3, 40, 64, 16, kUnit), {});

@@ -7,6 +7,7 @@
 #include "cuda_test_util.h"
 #include "model_checks.h"
 #include "core/rng.h"
+#include "infer/decoder.h"
 #include "models/core_frame.h"
 #include "models/device_model.h"
 #include "ops/delta_rule/delta_rule_cuda.h"
@@ -208,4 +209,81 @@ logging: {log_every: 100, progress: none}
     fs::remove_all(o.out_dir);
   }
   EXPECT_GE(best, 0.99);
+}
+
+// Piecewise reading on the GPU (generate, serve --device cuda): the device reader fed pieces of
+// 7, 1, 3 and 5 tokens, then single tokens (from the third on, replays of one CUDA graph), gives
+// the logits of the CPU's one forward over the whole sequence, and a graph's replay the same bits
+// as running its ops one by one. The delta-rule family (short conv, lane, tiled and, at head dim
+// 128 with a 300-token prompt, chunked delta-rule kernels) and Mamba; fp32 GEMMs, the bound of
+// compare_model.
+TEST(ModelCuda, PiecewiseReadingMatchesCpu) {
+  LRNN_REQUIRE_GPU();
+  struct Case {
+    const char* yaml;
+    int T, first;  // tokens, and the first piece's length (the rest: 1, 3, 5, then single tokens)
+  };
+  const Case cases[] = {
+      {"{model_type: delta_net, vocab_size: 50, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
+       "allow_neg_eigval: true}", 40, 7},
+      {"{model_type: delta_net, vocab_size: 50, hidden_size: 64, num_hidden_layers: 2, num_heads: 4, "
+       "allow_neg_eigval: false}", 30, 7},
+      {"{model_type: gated_deltaproduct, vocab_size: 30, hidden_size: 64, num_hidden_layers: 2, num_heads: 2, "
+       "num_householder: 2, allow_neg_eigval: true, use_forget_gate: true}", 30, 7},
+      {"{model_type: delta_net, vocab_size: 40, hidden_size: 256, num_hidden_layers: 2, num_heads: 2, "
+       "allow_neg_eigval: true}", 320, 300},
+      {"{model_type: mamba, vocab_size: 20, hidden_size: 64, state_size: 16, num_hidden_layers: 2, "
+       "allow_neg_eigval: true}", 30, 7},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
+    const YAML::Node block = YAML::Load(c.yaml);
+    auto host = create_model<float>(block, "test", 7);
+    const int V = host->vocab_size(), T = c.T;
+    std::vector<int32_t> tok(static_cast<size_t>(T));
+    Rng r{13, 0};
+    for (int i = 0; i < T; ++i) tok[size_t(i)] = int32_t(r.u32(uint64_t(i)) % uint32_t(V));
+    host->forward(tok.data(), nullptr, 1, T);
+    const std::vector<float> whole(host->logits(), host->logits() + size_t(T) * V);
+    std::vector<int> pieces{c.first, 1, 3, 5};
+    for (int at = c.first + 9; at < T; ++at) pieces.push_back(1);
+    std::vector<float> graphs, eager;
+    for (const bool use_graphs : {true, false}) {
+      if (!use_graphs) setenv("LRNN_CUDA_GRAPHS", "0", 1);
+      auto reader = device_reader(*host, block["model_type"].as<std::string>());
+      unsetenv("LRNN_CUDA_GRAPHS");
+      EXPECT_EQ(reader->describe().find("CUDA graphs") != std::string::npos, use_graphs) << reader->describe();
+      auto st = reader->new_state(1);
+      ASSERT_TRUE(st);
+      std::vector<float>& got = use_graphs ? graphs : eager;
+      int at = 0;
+      for (int n : pieces) {
+        const float* lg = reader->read(tok.data() + at, 1, n, *st);
+        got.insert(got.end(), lg, lg + size_t(n) * V);
+        at += n;
+      }
+      ASSERT_EQ(at, T);
+      EXPECT_EQ(st->position, T);
+      EXPECT_LT(rel_err(got.data(), whole.data(), whole.size()), 1e-4);
+    }
+    EXPECT_EQ(graphs, eager) << "a graph's replay differs from its ops run one by one";
+  }
+  cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
+}
+
+// The Transformer's KV cache lives on the CPU only: the device reader says so by name.
+TEST(ModelCuda, PiecewiseReadingWithoutDeviceStateIsAUserError) {
+  LRNN_REQUIRE_GPU();
+  auto host = create_model<float>(
+      YAML::Load("{model_type: llama, vocab_size: 5, hidden_size: 32, num_attention_heads: 4, num_hidden_layers: 2}"),
+      "test", 7);
+  auto reader = device_reader(*host, "llama");
+  EXPECT_FALSE(reader->new_state(1));
+  try {
+    Decoder d(*reader);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+  }
 }
