@@ -26,7 +26,7 @@ class DeviceReader final : public PieceReader {
     // fp32 weights in the GEMMs (see device_reader in decoder.h).
     if (cuda::gemm_precision() == cuda::GemmPrecision::BF16) cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
     free0_ = free_bytes();
-    dev_ = to_device(host, type_);
+    dev_ = to_device(host, type_, /*with_grads=*/false);
     use_graphs_ = !cuda::env_off("LRNN_CUDA_GRAPHS") && !cuda::profiling();
   }
   ~DeviceReader() override { drop_graphs(); }

@@ -16,9 +16,14 @@ LoadedRun load_run(const fs::path& dir, std::vector<std::string> overrides, cons
   LoadedRun r;
   r.dir = dir;
   r.cfg = ExperimentConfig::load((dir / "config.yaml").string(), overrides, open_task);
-  r.engine = make_engine(r.cfg);
   fs::path weights = dir / "model.safetensors";
   if (!fs::exists(weights)) LRNN_USER_ERROR("{}: no model.safetensors (did the run finish a checkpoint?)", dir.string());
+  if (!open_task) {
+    r.alone = create_model<float>(r.cfg.model, r.cfg.source, uint64_t(r.cfg.training.seed));
+    load_params(weights, r.model());
+    return r;
+  }
+  r.engine = make_engine(r.cfg);
   load_params(weights, r.model());
   TrainState st;
   st.m.assign(r.model().params.size(), 0.f);
@@ -59,7 +64,7 @@ data::Tokenizer run_tokenizer(const LoadedRun& run, const fs::path& path) {
     LRNN_USER_ERROR("{}: no tokenizer.model in the run and its data ({}) names none that is there: give "
                     "--tokenizer FILE.model", run.dir.string(), t.data.empty() ? std::string("task.data unset") : t.data);
   data::Tokenizer tok = data::Tokenizer::load(file);
-  const int V = run.engine->host_model().vocab_size();
+  const int V = run.model().vocab_size();
   if (tok.vocab_size() > V)
     LRNN_USER_ERROR("{}: {} pieces, more than the model's vocabulary of {}: not this run's tokenizer", file.string(),
                     tok.vocab_size(), V);

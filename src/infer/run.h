@@ -14,13 +14,16 @@ namespace lrnn {
 // A saved run: its resolved config and an engine (CPU or CUDA: training.device, or `device`
 // when not empty) holding the trained weights. `overrides` are --set lines applied to the
 // run's config.yaml. UserError (exit 2) naming the directory or file when something is missing.
-// open_task = false: the run's task (e.g. a language model's token data) need not be there —
-// for generation and serving, which need the model and its tokenizer only.
+// open_task = false: the run's task (e.g. a language model's token data) need not be there, and
+// no engine is made — the model alone, on the host, for generation and serving (which read it
+// through a PieceReader and need neither an optimiser nor the CPU engine's per-worker replicas).
 struct LoadedRun {
   std::filesystem::path dir;
   ExperimentConfig cfg;
-  std::unique_ptr<Engine> engine;
-  Model<float>& model() { return engine->host_model(); }
+  std::unique_ptr<Engine> engine;       // open_task = true
+  std::unique_ptr<Model<float>> alone;  // open_task = false
+  Model<float>& model() { return engine ? engine->host_model() : *alone; }
+  const Model<float>& model() const { return engine ? engine->host_model() : *alone; }
 };
 
 LoadedRun load_run(const std::filesystem::path& dir, std::vector<std::string> overrides = {},

@@ -61,8 +61,9 @@ class DeviceModel {
   cuda::Buffer<float> params, grads;  // the host model's layout (then padding, if any)
 };
 
-// The device twin of `host` with its current parameters. UserError when the model type has no
-// CUDA path.
-std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type);
+// The device twin of `host` with its current parameters (and zero gradients, unless with_grads is
+// false: inference). UserError when the model type has no CUDA path.
+std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type,
+                                       bool with_grads = true);
 
 }  // namespace lrnn

@@ -17,10 +17,12 @@ template <class Layout, template <class, class> class Core, bool kPiecewise = fa
 class CoreDevice final : public DeviceModel {
  public:
   template <class Host>
-  explicit CoreDevice(const Host& host) : net_(host.net()), vocab_(host.vocab_size()) {
+  CoreDevice(const Host& host, bool with_grads) : net_(host.net()), vocab_(host.vocab_size()) {
     params.upload(host.params);
-    grads.resize(host.params.size());
-    grads.zero();
+    if (with_grads) {
+      grads.resize(host.params.size());
+      grads.zero();
+    }
   }
   void forward(const int32_t* tokens, const int32_t* labels, int B, int T_) override {
     train_.forward(params.data(), tokens, labels, B, T_);
@@ -82,17 +84,20 @@ void DeviceModel::pad_buffers(size_t n) {
   grads.zero();
 }
 
-std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type) {
+std::unique_ptr<DeviceModel> to_device(const Model<float>& host, const std::string& model_type, bool with_grads) {
   // DeltaNet, Gated DeltaNet, (Gated) DeltaProduct; Mamba ([0,1] and [-1,1]).
   if (auto* m = dynamic_cast<const DeltaLM<float>*>(&host))
-    return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore, true>>(*m);
+    return std::make_unique<CoreDevice<DeltaLMLayout, DeltaLMCore, true>>(*m, with_grads);
   if (auto* m = dynamic_cast<const Mamba<float>*>(&host))
-    return std::make_unique<CoreDevice<MambaLayout, MambaCore, true>>(*m);
+    return std::make_unique<CoreDevice<MambaLayout, MambaCore, true>>(*m, with_grads);
   // xLSTM: mLSTM or sLSTM blocks.
-  if (auto* m = dynamic_cast<const XLSTM<float>*>(&host)) return std::make_unique<CoreDevice<XLSTMLayout, XLSTMCore>>(*m);
+  if (auto* m = dynamic_cast<const XLSTM<float>*>(&host))
+    return std::make_unique<CoreDevice<XLSTMLayout, XLSTMCore>>(*m, with_grads);
   // The baselines: LSTM, Transformer (Llama).
-  if (auto* m = dynamic_cast<const Lstm<float>*>(&host)) return std::make_unique<CoreDevice<LstmLayout, LstmCore>>(*m);
-  if (auto* m = dynamic_cast<const Llama<float>*>(&host)) return std::make_unique<CoreDevice<LlamaLayout, LlamaCore>>(*m);
+  if (auto* m = dynamic_cast<const Lstm<float>*>(&host))
+    return std::make_unique<CoreDevice<LstmLayout, LstmCore>>(*m, with_grads);
+  if (auto* m = dynamic_cast<const Llama<float>*>(&host))
+    return std::make_unique<CoreDevice<LlamaLayout, LlamaCore>>(*m, with_grads);
   LRNN_USER_ERROR("model.model_type: '{}' has no CUDA path (CUDA: delta_net, gated_deltanet, gated_deltaproduct, "
                   "mamba, mlstm, slstm, lstm, llama); train it with training.device: cpu",
                   model_type);
