@@ -10,6 +10,9 @@
 #include "tasks/lm.h"
 #include "infer/decoder.h"
 #include "infer/run.h"
+#ifdef LRNN_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
@@ -159,6 +162,19 @@ TEST(LmTrain, LearnsBeyondUnigramStatisticsAndLogsPerplexity) {
   RunResult bad = run_lrnn("generate --run " + run + " --prompt x --tokenizer '" + (dir / "none.model").string() + "'");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("none.model"), std::string::npos) << bad.out;
+  // --device cuda without a GPU (or without the CUDA backend): exit 2, naming the way out.
+#ifdef LRNN_WITH_CUDA
+  const bool gpu = cuda::available();
+#else
+  const bool gpu = false;
+#endif
+  RunResult on_gpu = run_lrnn("generate --run " + run + " --prompt 'ROMEO:' --max-tokens 3 --device cuda");
+  if (gpu) {
+    EXPECT_EQ(on_gpu.code, 0) << on_gpu.out;
+  } else {
+    EXPECT_EQ(on_gpu.code, 2) << on_gpu.out;
+    EXPECT_NE(on_gpu.out.find("--device cpu"), std::string::npos) << on_gpu.out;
+  }
 
   // `lrnn data` prints the run's training windows: context tokens in, the next tokens out.
   RunResult d = run_lrnn("data --config '" + (dir / "lm.yaml").string() + "' --n 2");
