@@ -73,8 +73,9 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
-  // Piecewise reading (Model::new_decode_state; CPU): per layer the short conv's last K-1 inputs
-  // [B,K-1,Wc] (q|k|v before the conv) and the delta-rule state [B,H,Dk,Dv].
+  // Piecewise reading (Model::new_decode_state; on the GPU DeviceDecodeState, laid out alike): per
+  // layer the short conv's last K-1 inputs [B,K-1,Wc] (q|k|v before the conv) and the delta-rule
+  // state [B,H,Dk,Dv].
   std::unique_ptr<DecodeState> new_state(int B) const;
 
  private:

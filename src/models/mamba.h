@@ -84,8 +84,8 @@ class MambaCore : public CoreFrame<MambaCore<T, Ops>, T, Ops> {
   // As CoreFrame describes: forward(P, tokens, labels, B, T) -> mean loss, backward(P, G).
   double forward(const T* P, const int32_t* tokens, const int32_t* labels, int B, int T_);
   void backward(const T* P, T* G);
-  // Piecewise reading (Model::new_decode_state; CPU): per layer the conv's last K-1 inputs
-  // [B,K-1,Di] and the scan's state [B][N*Di].
+  // Piecewise reading (Model::new_decode_state; on the GPU DeviceDecodeState, laid out alike): per
+  // layer the conv's last K-1 inputs [B,K-1,Di] and the scan's state [B][N*Di].
   std::unique_ptr<DecodeState> new_state(int B) const;
 
  private:
