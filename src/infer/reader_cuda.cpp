@@ -4,9 +4,10 @@
 // A generated token's forward (B sequences, 1 token each) is a few hundred small launches for an
 // LM of 24 layers; after the first such call for a (state, B) it is captured as a CUDA graph and
 // replayed, so each later token costs one graph launch, the token's upload and the logits'
-// download (one graph is kept: the latest state's). A graph holds the addresses of the state's buffers, of the token buffer and of the
-// inference activations: it is dropped when any of them moves (a new state has its own serial;
-// a longer piece may grow the activations, which bumps the model's infer_generation()).
+// download (one graph is kept: the latest state's). A graph holds the addresses of the state's
+// buffers, of the token buffer and of the inference activations: it is dropped when any of them
+// moves (a new state has its own serial; a longer piece may grow the activations, which bumps the
+// model's infer_generation()).
 // LRNN_CUDA_GRAPHS=0 runs every forward op by op (what the graphs are measured against).
 #include <algorithm>
 #include <utility>

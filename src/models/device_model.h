@@ -39,8 +39,8 @@ class DeviceModel {
   virtual const float* logits() const = 0;        // device [B,T,V] of the last forward
   virtual const float* infer_logits() const = 0;  // device [B,T,V] of the last infer or forward_continue
   // Piecewise reading on the device (models/model.h DecodeState): a fresh DeviceDecodeState for B
-  // sequences, or null where the model has none on the GPU (the Transformer's KV cache, the
-  // xLSTMs and the LSTM read piecewise on the CPU only).
+  // sequences, or null where the model has none on the GPU (the Transformer's KV cache is on the
+  // CPU only; the xLSTMs and the LSTM have no decode state at all).
   virtual std::unique_ptr<DecodeState> new_decode_state(int B) = 0;
   // The forward (no labels) of device tokens [B,T] that continue the sequences `st` has read, on
   // the inference activations: infer_logits() then holds [B,T,V].

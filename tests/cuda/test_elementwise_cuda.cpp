@@ -564,6 +564,14 @@ TEST(CudaElementwise, ShortConvBenchmarkBatch) {
   check_short_conv(1024, 40, 384, 4, 388, 384, false, true, 370, false, true);
 }
 
+// The conv + L2 norm's `out` [N, C] on the channels it writes (c >= Cn) against the CPU's.
+void expect_unnormed_close(const std::vector<float>& got, const std::vector<float>& want, int N, int C, int Cn) {
+  std::vector<float> g2, w2;
+  for (int n = 0; n < N; ++n)
+    for (int c = Cn; c < C; ++c) g2.push_back(got[size_t(n) * C + c]), w2.push_back(want[size_t(n) * C + c]);
+  expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
+}
+
 // The fused conv + L2 norm (the delta rule's q|k): x [B T, ldx] (the projection row), out
 // [B T, C]; the first Cn channels normalised per head of D into y [B T, Cn] with rstd. Compared
 // with the CPU's two ops: y and rstd whole, out on its channels >= Cn (the GPU leaves out's first
@@ -585,11 +593,7 @@ void check_conv_l2norm(int B, int T, int C, int K, int ldx, int Cn, int D, int o
                                  ldx, C, Cn, D, 1e-6, Cn);
   expect_close(Y.download(), y, kFwdAtol, kFwdRtol, "y");
   expect_close(R.download(), r, kFwdAtol, kFwdRtol, "rstd");
-  auto got = Out.download();
-  std::vector<float> g2, w2;
-  for (int n = 0; n < N; ++n)
-    for (int c = Cn; c < C; ++c) g2.push_back(got[size_t(n) * C + c]), w2.push_back(out[size_t(n) * C + c]);
-  expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
+  expect_unnormed_close(Out.download(), out, N, C, Cn);
 }
 
 // The conv reading a piece after others (inference): prev [B, K-1, C] holds the inputs before the
@@ -614,11 +618,7 @@ void check_conv_carried(int B, int T, int C, int K, int ldx, int Cn, int D, uint
     gpu::short_conv_l2norm_forward(Out.data(), Y.data(), R.data(), X.data(), W.data(), B, T, C, K, ldx, C, Cn, D, 1e-6,
                                    Cn, P.data());
     expect_close(Y.download(), y, kFwdAtol, kFwdRtol, "y (normalised channels)");
-    auto got = Out.download();
-    std::vector<float> g2, w2;
-    for (int n = 0; n < N; ++n)
-      for (int c = Cn; c < C; ++c) g2.push_back(got[size_t(n) * C + c]), w2.push_back(out[size_t(n) * C + c]);
-    expect_close(g2, w2, kFwdAtol, kFwdRtol, "out (channels >= Cn)");
+    expect_unnormed_close(Out.download(), out, N, C, Cn);
   }
   cpu::short_conv_advance_tail<float>(prev.data(), x.data(), B, T, C, K, ldx);
   gpu::short_conv_advance_tail(P.data(), X.data(), B, T, C, K, ldx);
