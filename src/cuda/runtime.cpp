@@ -15,17 +15,19 @@ void fail(cudaError_t e, const char* what, const char* file, int line) {
                           cudaGetErrorString(e), what));
 }
 
-bool available() {
-  static const bool ok = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+int device_count() {
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
       cudaGetLastError();  // clear the sticky "no driver" error
-      return false;
+      return 0;
     }
-    return n > 0;
+    return c;
   }();
-  return ok;
+  return n;
 }
+
+bool available() { return device_count() > 0; }
 
 int select_device(int index) {
   int n = 0;

@@ -26,6 +26,8 @@ namespace lrnn::cuda {
 
 // True when a CUDA device can be used (false without a driver or GPU: tests skip then).
 bool available();
+// The CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 without a driver or GPU.
+int device_count();
 // Makes device `index` (modulo the devices this process sees) the current one: call it before
 // any other CUDA work (one process per GPU, dist/): the stream, cuBLAS handles and scratch are
 // made on the device that is current when they are first used. Returns the device chosen.

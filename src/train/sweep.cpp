@@ -22,6 +22,9 @@
 #include <nlohmann/json.hpp>
 #include "core/check.h"
 #include "io/atomic_file.h"
+#ifdef LRNN_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 namespace lrnn::sweep {
 
@@ -195,21 +198,27 @@ struct DirLock {
 
 // Starts `/proc/self/exe args...` (this very binary) with stdout and stderr appended to `log`.
 // The child dies with the sweep (PR_SET_PDEATHSIG), so a killed sweep leaves no orphans.
-// `threads` > 0 becomes the worker's OMP_NUM_THREADS: training.num_threads alone is applied only
-// once training starts, and a worker whose OpenMP pool was first sized for every core wastes
-// CPU beside its siblings (measured on 16 cores: 2.3x the CPU time, 1.6x the wall time).
-pid_t spawn_worker(const std::vector<std::string>& args, const fs::path& log, const std::string& header, int threads) {
+// `env` ("NAME=value") is set in the child's environment, replacing what the sweep has under
+// those names. OMP_NUM_THREADS goes there: training.num_threads alone is applied only once
+// training starts, and a worker whose OpenMP pool was first sized for every core wastes CPU
+// beside its siblings (measured on 16 cores: 2.3x the CPU time, 1.6x the wall time).
+pid_t spawn_worker(const std::vector<std::string>& args, const fs::path& log, const std::string& header,
+                   const std::vector<std::string>& env) {
   int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) LRNN_USER_ERROR("{}: cannot open: {}", log.string(), std::strerror(errno));
   if (::write(fd, header.data(), header.size()) < 0) {}  // the log header is a courtesy
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const std::string omp = "OMP_NUM_THREADS=" + std::to_string(threads);
   std::vector<char*> envp;
-  for (char** e = environ; *e; ++e)
-    if (threads <= 0 || std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0) envp.push_back(*e);
-  if (threads > 0) envp.push_back(const_cast<char*>(omp.c_str()));
+  for (char** e = environ; *e; ++e) {
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      const size_t n = x.find('=') + 1;
+      return std::strncmp(*e, x.c_str(), n) == 0;
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (auto& x : env) envp.push_back(const_cast<char*>(x.c_str()));
   envp.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
@@ -465,6 +474,24 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+std::vector<std::string> sweep_gpus(const char* visible, int count) {
+  std::vector<std::string> v;
+  if (visible) {
+    std::string s = visible, item;
+    for (size_t i = 0; i <= s.size(); ++i) {
+      if (i == s.size() || s[i] == ',') {
+        if (!item.empty()) v.push_back(item);
+        item.clear();
+      } else if (s[i] != ' ') {
+        item += s[i];
+      }
+    }
+    return v;
+  }
+  for (int i = 0; i < count; ++i) v.push_back(std::to_string(i));
+  return v;
+}
+
 SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
   using Clock = std::chrono::steady_clock;
   if (opt.jobs < 1) LRNN_USER_ERROR("sweep: --jobs must be at least 1, got {}", opt.jobs);
@@ -504,6 +531,20 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
                opt.jobs == 1 ? "" : "s", threads_note.c_str());
   std::fprintf(stderr, "  %d finished (skipped), %d to resume, %d to start%s\n", res.skipped, n_resume, n_new,
                conflicts.empty() ? "" : fmt::format(", {} to retrain (--force)", conflicts.size()).c_str());
+  // Several GPUs: each CUDA run is pinned to one (its CUDA_VISIBLE_DEVICES), the least busy.
+  const bool any_cuda = std::any_of(runs.begin(), runs.end(), [](const RunSpec& r) { return r.expected.training.device == "cuda"; });
+  std::vector<std::string> gpus;
+  if (any_cuda) {
+    int count = 0;
+#ifdef LRNN_WITH_CUDA
+    count = lrnn::cuda::device_count();
+#endif
+    gpus = sweep_gpus(std::getenv("CUDA_VISIBLE_DEVICES"), count);
+    if (gpus.size() > 1)
+      std::fprintf(stderr, "  CUDA runs spread over GPUs %s (the least busy first)\n", fmt::format("{}", fmt::join(gpus, ", ")).c_str());
+    if (gpus.size() <= 1) gpus.clear();
+  }
+  std::vector<int> gpu_load(gpus.size(), 0);
 
   // The work list: resumes first (they are partly paid for), then new runs, in grid order.
   std::vector<size_t> todo;
@@ -544,6 +585,7 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
     int number;
     pid_t pid;
     Clock::time_point t0;
+    int gpu;  // index into gpus, or -1
   };
   std::vector<Active> active;
   const int n_todo = int(todo.size());
@@ -558,14 +600,25 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
       RunState s = status[i].state;
       fs::create_directories(r.dir);
       auto args = train_args(r, s, s == RunState::Conflict);
+      std::vector<std::string> env;
+      const int omp = worker_threads(r, s);
+      if (omp > 0) env.push_back("OMP_NUM_THREADS=" + std::to_string(omp));
+      int gpu = -1;
+      if (!gpus.empty() && r.expected.training.device == "cuda") {
+        gpu = int(std::min_element(gpu_load.begin(), gpu_load.end()) - gpu_load.begin());
+        ++gpu_load[size_t(gpu)];
+        env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(gpu)]);
+      }
+      const std::string on_gpu = gpu < 0 ? "" : "CUDA_VISIBLE_DEVICES=" + gpus[size_t(gpu)] + " ";
       pid_t pid = spawn_worker(args, r.dir / "train.log",
-                               fmt::format("== lrnn sweep {} {}: {}\n", grid.name, now_text(), command_line(args)),
-                               worker_threads(r, s));
-      active.push_back({i, int(++next), pid, Clock::now()});
+                               fmt::format("== lrnn sweep {} {}: {}{}\n", grid.name, now_text(), on_gpu, command_line(args)),
+                               env);
+      active.push_back({i, int(++next), pid, Clock::now(), gpu});
       if (s == RunState::Resume) ++res.resumed;
       else ++res.started;
-      std::fprintf(stderr, "%s %-7s %s%s\n", tag(int(next)).c_str(), verb(s), r.id.c_str(),
-                   status[i].why.empty() || s == RunState::Conflict ? "" : fmt::format(" ({})", status[i].why).c_str());
+      std::fprintf(stderr, "%s %-7s %s%s%s\n", tag(int(next)).c_str(), verb(s), r.id.c_str(),
+                   status[i].why.empty() || s == RunState::Conflict ? "" : fmt::format(" ({})", status[i].why).c_str(),
+                   gpu < 0 ? "" : fmt::format(" on GPU {}", gpus[size_t(gpu)]).c_str());
     }
     bool reaped = false;
     for (size_t a = 0; a < active.size();) {
@@ -592,6 +645,7 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
                      r.id.c_str(), why.c_str(), secs, (r.dir / "train.log").string().c_str(),
                      last_line(r.dir / "train.log").c_str());
       }
+      if (active[a].gpu >= 0) --gpu_load[size_t(active[a].gpu)];
       active.erase(active.begin() + std::ptrdiff_t(a));
       reaped = true;
     }

@@ -103,8 +103,15 @@ struct SweepOutcome {
 // Number of CPUs this process may run on.
 int available_cores();
 
+// The GPUs a sweep spreads its CUDA runs over, as CUDA_VISIBLE_DEVICES entries: the entries of
+// `visible` (that variable's value, null when it is unset: indices or UUIDs, as written), else
+// "0" .. "count - 1".
+std::vector<std::string> sweep_gpus(const char* visible, int count);
+
 // Runs every unfinished run of the grid with at most `jobs` workers (this binary, re-executed as
 // `lrnn train`), each with training.num_threads = max(1, cores / jobs) unless the grid sets it.
+// On a host with several GPUs (sweep_gpus), each run with training.device cuda gets the GPU with
+// the fewest of the sweep's runs on it, as its own CUDA_VISIBLE_DEVICES.
 // Progress goes to stderr. Throws UserError for conflicts (without force) or a busy directory.
 SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt);
 

@@ -455,6 +455,39 @@ TEST(Sweep, BadGridsExitTwoWithAClearMessage) {
 // SIGINT to the sweep (as from `kill -INT`, which, unlike a terminal's Ctrl-C, does not reach
 // the workers): the workers are stopped, the sweep exits 130 and says how to go on. On the way:
 // each worker runs with OMP_NUM_THREADS = its share of the cores.
+TEST(SweepGpus, VisibleDevicesOrTheDriversCount) {
+  EXPECT_EQ(sweep::sweep_gpus(nullptr, 3), (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_TRUE(sweep::sweep_gpus(nullptr, 0).empty());
+  // The variable wins over the count, entries as written (indices or UUIDs), blanks dropped.
+  EXPECT_EQ(sweep::sweep_gpus("5, 7", 8), (std::vector<std::string>{"5", "7"}));
+  EXPECT_EQ(sweep::sweep_gpus("GPU-1a2b,,3", 0), (std::vector<std::string>{"GPU-1a2b", "3"}));
+  EXPECT_TRUE(sweep::sweep_gpus("", 4).empty());  // set but empty: no GPU is visible
+}
+
+// A sweep of CUDA runs names the GPUs it spreads them over (one CUDA_VISIBLE_DEVICES per worker);
+// CPU runs and a single GPU get no such line. (That a worker really lands on its GPU needs a
+// multi-GPU host: docs/EXPERIMENTS.md.)
+TEST(Sweep, CudaRunsAreSpreadOverTheVisibleGpus) {
+  auto dir = temp_dir("sweep_gpus");
+  write_configs(dir);
+  write_text(dir / "cuda.yaml", "configs: [a.yaml]\nlr: [1.0e-3]\nseeds: [0, 1]\nset: [training.device=cuda]\n");
+  write_text(dir / "cpu.yaml", "configs: [a.yaml]\nlr: [1.0e-3]\nseeds: [0, 1]\n");
+  const std::string line = "CUDA runs spread over GPUs 5, 7 (the least busy first)";
+  auto cpu = run_lrnn("sweep --grid " + (dir / "cpu.yaml").string() + " --out " + (dir / "o2").string() + " --jobs 2 --dry-run");
+  ASSERT_EQ(setenv("CUDA_VISIBLE_DEVICES", "5,7", 1), 0);
+  auto cuda2 = run_lrnn("sweep --grid " + (dir / "cuda.yaml").string() + " --out " + (dir / "o1").string() + " --jobs 2 --dry-run");
+  auto cpu2 = run_lrnn("sweep --grid " + (dir / "cpu.yaml").string() + " --out " + (dir / "o2").string() + " --jobs 2 --dry-run");
+  ASSERT_EQ(setenv("CUDA_VISIBLE_DEVICES", "3", 1), 0);
+  auto one = run_lrnn("sweep --grid " + (dir / "cuda.yaml").string() + " --out " + (dir / "o1").string() + " --jobs 2 --dry-run");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  for (auto* r : {&cpu, &cuda2, &cpu2, &one}) ASSERT_EQ(r->code, 0) << r->out;
+  EXPECT_TRUE(contains(cuda2.out, line)) << cuda2.out;
+  EXPECT_FALSE(contains(cpu2.out, "spread over")) << cpu2.out;
+  EXPECT_FALSE(contains(one.out, "spread over")) << one.out;
+  EXPECT_FALSE(contains(cpu.out, "spread over")) << cpu.out;
+  fs::remove_all(dir);
+}
+
 TEST(Sweep, InterruptStopsTheWorkers) {
   auto dir = temp_dir("sweep_int");
   write_configs(dir);

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kLanes* kFwdRows, 3) conv_fwd_kernel(float* __
     float* ob = out + size_t(b) * T * ldo + c;
     float xw[KW][VW];
     if (live)
-      prime_window<K, VW>(xw, xb, t0, ldx, prev && K > 1 ? prev + size_t(b) * (K - 1) * C + c : nullptr, C);
+      prime_window<K, VW>(xw, xb, t0, ldx, prev && K > 1 ? prev + size_t(b) * (K > 1 ? K - 1 : 0) * C + c : nullptr, C);
     float xq[kFwdPrefetch][VW];  // x of steps t .. t + kFwdPrefetch - 1 (loaded ahead)
 #pragma unroll
     for (int k = 0; k < kFwdPrefetch; ++k)
