@@ -27,9 +27,12 @@ struct SamplingOptions {
 
 // log softmax of a row of V logits, in double.
 void log_softmax(const float* logits, int V, std::vector<double>& out);
-// The k most likely tokens of a log-softmax row with their log-probabilities, most likely first
-// (ties: the lower id first).
-std::vector<std::pair<int32_t, double>> top_logprobs(const std::vector<double>& logprobs, int k);
+// log sum exp of a row of V logits, in double: token i's log-probability is logits[i] minus it,
+// bit for bit what log_softmax gives, without writing the row (what a generated token needs).
+double log_sum_exp(const float* logits, int V);
+// The k most likely tokens of a row of logits with their log-probabilities (logits[i] - lse, lse
+// from log_sum_exp), most likely first (ties: the lower id first).
+std::vector<std::pair<int32_t, double>> top_logprobs(const float* logits, int V, double lse, int k);
 // The token drawn at position `index` of a generation: a pure function of (logits, options,
 // index), so the same seed gives the same text on every machine whose logits agree.
 int32_t sample_token(const float* logits, int V, const SamplingOptions& opt, uint64_t index);

@@ -230,15 +230,14 @@ json CompletionService::complete_one(const Prompt& p, const GenerateOptions& gen
     token_lp.push_back(nullptr);
     top.push_back(nullptr);
   }
-  std::vector<double> lp;
   dec_.reset();
   const float* logits = dec_.feed(read, [&](size_t i, const float* row) {
     if (!scored || i + 1 >= read.size()) return;
     const int32_t next = read[i + 1];
-    log_softmax(row, V, lp);
+    const double lse = log_sum_exp(row, V);
     tokens.push_back(token_text(next));
-    token_lp.push_back(lp[size_t(next)]);
-    top.push_back(top_json(*this, top_logprobs(lp, logprobs)));
+    token_lp.push_back(double(row[next]) - lse);
+    top.push_back(top_json(*this, top_logprobs(row, V, lse, logprobs)));
   });
   Generation g = generate_after(dec_, tok_, read.back(), logits, gen);
   auto add = [&](const GeneratedToken& t) {

@@ -155,12 +155,24 @@ TEST(Sampling, GreedyTopKAndFrequencies) {
 }
 
 TEST(Sampling, TopLogprobsOrderAndTies) {
-  std::vector<double> lp{-2.0, -1.0, -1.0, -0.5};
-  auto top = top_logprobs(lp, 3);
+  const std::vector<float> lg{-2.f, -1.f, -1.f, -0.5f, 30.f, -40.f};
+  std::vector<double> lp;
+  log_softmax(lg.data(), 4, lp);
+  const double lse = log_sum_exp(lg.data(), 4);
+  auto top = top_logprobs(lg.data(), 4, lse, 3);
   ASSERT_EQ(top.size(), 3u);
   EXPECT_EQ(top[0].first, 3);
   EXPECT_EQ(top[1].first, 1);
   EXPECT_EQ(top[2].first, 2);
+  for (auto [id, l] : top) EXPECT_EQ(l, lp[size_t(id)]) << id;  // the same bits as the whole row
+  EXPECT_TRUE(top_logprobs(lg.data(), 4, lse, 0).empty());
+  EXPECT_EQ(top_logprobs(lg.data(), 4, lse, 9).size(), 4u);
+  // Large and small logits: no overflow, and the probabilities sum to 1.
+  const double big = log_sum_exp(lg.data(), 6);
+  EXPECT_NEAR(big, 30.0, 1e-12);
+  double total = 0;
+  for (float x : lg) total += std::exp(double(x) - big);
+  EXPECT_NEAR(total, 1.0, 1e-12);
 }
 
 }  // namespace
