@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU experiments behind docs/RESULTS.md ("GPU learning runs and grids"): the parity grid (DeltaNet [0,1] vs [-1,1],
 # P1 model, 3 lrs x 3 seeds, stop at 0.99) and the modular-arithmetic grid (public protocol,
-# 20k steps, 3 seeds), each as `lrnn sweep` with all runs side by side on one GPU; then the
+# 20k steps, 3 seeds), each as `lrnn sweep` with all runs side by side on the host's GPUs; then the
 # results tables and a tarball of every run's config, metrics and eval (for tools/plot.py).
 #   scripts/gpu-experiments.sh BIN_DIR OUT_DIR      (BIN_DIR holds lrnn: build-gpu or a pack)
+#   CHECKPOINTS=1 ... then RESUME_FROM=DIR ...       (one grid over several device calls; below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build-gpu}
@@ -11,6 +12,14 @@ OUT=${2:-gpu-experiments-out}
 mkdir -p "$OUT"
 runs=${RUNS_DIR:-$(mktemp -d)}  # RUNS_DIR: continue earlier sweeps (finished runs are skipped)
 mkdir -p "$runs"
+# Grids longer than one device call: CHECKPOINTS=1 also writes one run-<grid>_<config>_<run>.tgz
+# per run, checkpoints included (small models stay under what a returned file may weigh), and a
+# later call continues them from those files with RESUME_FROM=DIR (interrupted runs resume, the
+# finished ones are skipped).
+if [[ -n "${RESUME_FROM:-}" ]]; then
+  for f in "$RESUME_FROM"/run-*.tgz; do if [[ -f "$f" ]]; then tar xzf "$f" -C "$runs"; fi; done
+  echo "resumed from $RESUME_FROM: $(find "$runs" -name config.yaml | wc -l) run(s)"
+fi
 # GRIDS: name:jobs pairs (default: the two grids above). With MPS=1 the runs share the GPU
 # through the CUDA MPS daemon (kernels of different processes overlap) instead of time slices.
 if [[ "${MPS:-0}" == 1 ]]; then
@@ -32,4 +41,9 @@ for grid in ${GRIDS:-gpu_parity_p1:18 gpu_mod_arith_public:6}; do
 done
 (cd "$runs" && find . -name config.yaml -o -name metrics.jsonl -o -name eval.json -o -name results.csv -o -name results.md |
   tar czf - -T -) >"$OUT/runs.tar.gz"
+if [[ "${CHECKPOINTS:-0}" == 1 ]]; then
+  (cd "$runs" && for d in */*/*/; do
+    if [[ -f "$d/config.yaml" ]]; then tar czf "$OUT/run-$(echo "${d%/}" | tr / _).tgz" "$d"; fi
+  done)
+fi
 ls -la "$OUT"

@@ -339,16 +339,18 @@ int cmd_serve(const std::string& run, const ServeFlags& f) {
   });
 }
 
-int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_run, bool report, bool force) {
+int cmd_sweep(const std::string& grid_file, int jobs, std::string out, bool dry_run, bool report, bool force,
+              const std::vector<std::string>& only) {
   sweep::Grid grid = sweep::Grid::load(grid_file);
   if (out.empty()) out = (fs::path("runs") / grid.name).string();
   if (report) {
-    if (dry_run || force) LRNN_USER_ERROR("sweep: --report only aggregates finished runs; drop --dry-run and --force");
+    if (dry_run || force || !only.empty())
+      LRNN_USER_ERROR("sweep: --report only aggregates finished runs; drop --dry-run, --force and --only");
     std::printf("%s", sweep::write_report(grid, out).c_str());
     std::fprintf(stderr, "wrote %s and %s\n", (fs::path(out) / "results.md").c_str(), (fs::path(out) / "results.csv").c_str());
     return 0;
   }
-  sweep::SweepOutcome res = sweep::run_sweep(grid, {out, jobs, dry_run, force});
+  sweep::SweepOutcome res = sweep::run_sweep(grid, {out, jobs, dry_run, force, only});
   if (dry_run) return 0;
   std::printf("%s", sweep::write_report(grid, out).c_str());
   std::fprintf(stderr, "wrote %s and %s\n", (fs::path(out) / "results.md").c_str(), (fs::path(out) / "results.csv").c_str());
@@ -570,14 +572,17 @@ int run(int argc, char** argv) {
   std::string grid;
   int jobs = 1;
   bool dry_run = false, report = false;
+  std::vector<std::string> only;
   auto* sweep = app.add_subcommand("sweep", "run a grid of configs x learning rates x seeds and aggregate (median, MAD, best)");
   sweep->add_option("--grid", grid, "grid YAML (name, configs, lr, seeds, set; see docs/EXPERIMENTS.md)")->required();
-  sweep->add_option("--jobs", jobs, "runs trained at once (each with max(1, cores/jobs) threads)")
+  sweep->add_option("--jobs", jobs, "runs trained at once (each with max(1, cores/jobs) threads; with several GPUs, each CUDA run on the least busy one)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   sweep->add_option("--out", out, "sweep directory (default runs/<grid name>)");
   sweep->add_flag("--dry-run", dry_run, "print what would run, with the commands; write nothing");
   sweep->add_flag("--report", report, "only aggregate finished runs into results.md and results.csv");
   sweep->add_flag("--force", force, "retrain runs whose saved config differs from the grid");
+  sweep->add_option("--only", only, "run only the runs whose id (config/lr..._seed..., as --dry-run lists them) matches one "
+                                    "of these shell patterns, e.g. 's5_*/lr1e-4_*'; the report still covers the whole grid");
 
   // Language-model data: docs/DATA.md.
   std::vector<std::string> lm_inputs;
@@ -674,7 +679,7 @@ int run(int argc, char** argv) {
     gen.stop_at_eos = !gen_ignore_eos;
     if (*generate_cmd) return cmd_generate(run_dir, gen_prompt, gen_tokenizer, gen, gen_no_doc_start, gen_json, device);
     if (*serve_cmd) return cmd_serve(run_dir, serve_flags);
-    if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force);
+    if (*sweep) return cmd_sweep(grid, jobs, out, dry_run, report, force, only);
     if (*tok_train) return cmd_tokenizer_train(lm_inputs, tok_opt, corpus_flags, tok_out);
     if (*tok_info) return cmd_tokenizer_info(tok_model);
     if (*tok_encode) return cmd_tokenizer_encode(tok_model, tok_text, tok_pieces);

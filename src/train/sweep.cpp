@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <limits>
 #include <map>
 #include <set>
@@ -498,6 +499,16 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
   const int cores = available_cores();
   const int threads = std::max(1, cores / opt.jobs);
   std::vector<RunSpec> runs = plan(grid, opt.out, threads);
+  const size_t n_grid = runs.size();
+  if (!opt.only.empty()) {
+    const std::string example = runs.empty() ? "" : runs.front().id;
+    std::erase_if(runs, [&](const RunSpec& r) {
+      return std::none_of(opt.only.begin(), opt.only.end(), [&](const std::string& pat) { return fnmatch(pat.c_str(), r.id.c_str(), 0) == 0; });
+    });
+    if (runs.empty())
+      LRNN_USER_ERROR("sweep {}: --only {} matches none of its {} runs (their ids look like {}; --dry-run lists them)", grid.name,
+                      fmt::join(opt.only, " "), n_grid, example);
+  }
   std::vector<RunStatus> status;
   for (auto& r : runs) status.push_back(inspect(r));
 
@@ -525,10 +536,12 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
   bool any_fixed = false;
   for (size_t c = 0; c < grid.configs.size(); ++c) any_fixed |= grid.sets_num_threads(c);
   if (any_fixed) threads_note += " unless the grid sets training.num_threads";
-  std::fprintf(stderr, "lrnn sweep %s: %zu config%s x %zu lr x %zu seed%s = %d runs in %s (%d job%s, %s)\n",
+  std::fprintf(stderr, "lrnn sweep %s: %zu config%s x %zu lr x %zu seed%s = %zu runs in %s (%d job%s, %s)\n",
                grid.name.c_str(), grid.configs.size(), grid.configs.size() == 1 ? "" : "s", grid.lrs.size(),
-               grid.seeds.size(), grid.seeds.size() == 1 ? "" : "s", res.total, opt.out.string().c_str(), opt.jobs,
+               grid.seeds.size(), grid.seeds.size() == 1 ? "" : "s", n_grid, opt.out.string().c_str(), opt.jobs,
                opt.jobs == 1 ? "" : "s", threads_note.c_str());
+  if (!opt.only.empty())
+    std::fprintf(stderr, "  --only %s: %d of them\n", fmt::format("{}", fmt::join(opt.only, " ")).c_str(), res.total);
   std::fprintf(stderr, "  %d finished (skipped), %d to resume, %d to start%s\n", res.skipped, n_resume, n_new,
                conflicts.empty() ? "" : fmt::format(", {} to retrain (--force)", conflicts.size()).c_str());
   // Several GPUs: each CUDA run is pinned to one (its CUDA_VISIBLE_DEVICES), the least busy.

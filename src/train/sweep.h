@@ -93,6 +93,7 @@ struct SweepOptions {
   int jobs = 1;
   bool dry_run = false;             // print the plan, write nothing
   bool force = false;               // retrain conflicting runs from scratch
+  std::vector<std::string> only;    // shell patterns (fnmatch) on run ids; empty: every run
 };
 
 struct SweepOutcome {

@@ -488,6 +488,37 @@ TEST(Sweep, CudaRunsAreSpreadOverTheVisibleGpus) {
   fs::remove_all(dir);
 }
 
+// --only picks runs by their ids (shell patterns); a pattern that matches nothing is a user error
+// that shows what the ids look like.
+TEST(Sweep, OnlyRunsTheRunsItsPatternsMatch) {
+  auto dir = temp_dir("sweep_only");
+  write_configs(dir);
+  write_text(dir / "g.yaml", "name: tiny\nconfigs: [a.yaml, {file: b.yaml, name: b_pos}]\n"
+                             "lr: [3.0e-3, 1.0e-2]\nseeds: [0, 1]\nset: [\"training.num_steps=16\"]\n");
+  const fs::path out = dir / "out";
+  auto dry = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--dry-run --only 'b_pos/*seed1' 'a/lr1e-2_seed0'"));
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  EXPECT_TRUE(contains(dry.out, "= 8 runs in")) << dry.out;
+  EXPECT_TRUE(contains(dry.out, "--only b_pos/*seed1 a/lr1e-2_seed0: 3 of them")) << dry.out;
+  EXPECT_TRUE(contains(dry.out, "0 finished (skipped), 0 to resume, 3 to start")) << dry.out;
+  for (const char* id : {"b_pos/lr3e-3_seed1", "b_pos/lr1e-2_seed1", "a/lr1e-2_seed0"})
+    EXPECT_TRUE(contains(dry.out, std::string("start    ") + id)) << id << "\n" << dry.out;
+  for (const char* id : {"a/lr3e-3_seed0", "b_pos/lr3e-3_seed0", "a/lr1e-2_seed1"})
+    EXPECT_FALSE(contains(dry.out, std::string("start    ") + id)) << id << "\n" << dry.out;
+  // A real run of one selected run: only its directory is made; the report covers the grid.
+  auto r = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--only a/lr1e-2_seed0"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out / "a" / "lr1e-2_seed0" / "eval.json")) << r.out;
+  EXPECT_FALSE(fs::exists(out / "a" / "lr3e-3_seed0")) << r.out;
+  EXPECT_TRUE(contains(read_text(out / "results.md"), "1 of 8 runs finished")) << read_text(out / "results.md");
+  auto none = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--only 'c/*'"));
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_TRUE(contains(none.out, "--only c/* matches none of its 8 runs (their ids look like a/lr3e-3_seed0")) << none.out;
+  auto rep = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--report --only 'a/*'"));
+  EXPECT_EQ(rep.code, 2) << rep.out;
+  fs::remove_all(dir);
+}
+
 TEST(Sweep, InterruptStopsTheWorkers) {
   auto dir = temp_dir("sweep_int");
   write_configs(dir);
