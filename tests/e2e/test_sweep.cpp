@@ -34,6 +34,13 @@ void write_configs(const fs::path& dir) {
   write_text(dir / "b.yaml", b);
 }
 
+// g.yaml: a, and b renamed b_pos (config paths relative to the grid file) x 2 lrs x 2 seeds = 8
+// runs of 16 steps.
+void write_tiny_grid(const fs::path& dir) {
+  write_text(dir / "g.yaml", "name: tiny\nconfigs: [a.yaml, {file: b.yaml, name: b_pos}]\n"
+                             "lr: [3.0e-3, 1.0e-2]\nseeds: [0, 1]\nset: [\"training.num_steps=16\"]\n");
+}
+
 RunResult run_cmd(const std::string& cmd) {
   RunResult r;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
@@ -246,9 +253,7 @@ TEST(SweepAggregate, ReportFromHandMadeRuns) {
 TEST(Sweep, RunsInParallelAggregatesAndSkipsFinishedRuns) {
   auto dir = temp_dir("sweep_run");
   write_configs(dir);
-  // Config paths relative to the grid file; the second config renamed.
-  write_text(dir / "g.yaml", "name: tiny\nconfigs: [a.yaml, {file: b.yaml, name: b_pos}]\n"
-                             "lr: [3.0e-3, 1.0e-2]\nseeds: [0, 1]\nset: [\"training.num_steps=16\"]\n");
+  write_tiny_grid(dir);
   const fs::path out = dir / "out";
 
   auto dry = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--jobs 2 --dry-run"));
@@ -473,12 +478,13 @@ TEST(Sweep, CudaRunsAreSpreadOverTheVisibleGpus) {
   write_text(dir / "cuda.yaml", "configs: [a.yaml]\nlr: [1.0e-3]\nseeds: [0, 1]\nset: [training.device=cuda]\n");
   write_text(dir / "cpu.yaml", "configs: [a.yaml]\nlr: [1.0e-3]\nseeds: [0, 1]\n");
   const std::string line = "CUDA runs spread over GPUs 5, 7 (the least busy first)";
-  auto cpu = run_lrnn("sweep --grid " + (dir / "cpu.yaml").string() + " --out " + (dir / "o2").string() + " --jobs 2 --dry-run");
+  auto dry = [&](const char* grid, const char* out) { return run_lrnn(sweep_cmd(dir / grid, dir / out, "--jobs 2 --dry-run")); };
+  auto cpu = dry("cpu.yaml", "o2");
   ASSERT_EQ(setenv("CUDA_VISIBLE_DEVICES", "5,7", 1), 0);
-  auto cuda2 = run_lrnn("sweep --grid " + (dir / "cuda.yaml").string() + " --out " + (dir / "o1").string() + " --jobs 2 --dry-run");
-  auto cpu2 = run_lrnn("sweep --grid " + (dir / "cpu.yaml").string() + " --out " + (dir / "o2").string() + " --jobs 2 --dry-run");
+  auto cuda2 = dry("cuda.yaml", "o1");
+  auto cpu2 = dry("cpu.yaml", "o2");
   ASSERT_EQ(setenv("CUDA_VISIBLE_DEVICES", "3", 1), 0);
-  auto one = run_lrnn("sweep --grid " + (dir / "cuda.yaml").string() + " --out " + (dir / "o1").string() + " --jobs 2 --dry-run");
+  auto one = dry("cuda.yaml", "o1");
   unsetenv("CUDA_VISIBLE_DEVICES");
   for (auto* r : {&cpu, &cuda2, &cpu2, &one}) ASSERT_EQ(r->code, 0) << r->out;
   EXPECT_TRUE(contains(cuda2.out, line)) << cuda2.out;
@@ -493,8 +499,7 @@ TEST(Sweep, CudaRunsAreSpreadOverTheVisibleGpus) {
 TEST(Sweep, OnlyRunsTheRunsItsPatternsMatch) {
   auto dir = temp_dir("sweep_only");
   write_configs(dir);
-  write_text(dir / "g.yaml", "name: tiny\nconfigs: [a.yaml, {file: b.yaml, name: b_pos}]\n"
-                             "lr: [3.0e-3, 1.0e-2]\nseeds: [0, 1]\nset: [\"training.num_steps=16\"]\n");
+  write_tiny_grid(dir);
   const fs::path out = dir / "out";
   auto dry = run_lrnn(sweep_cmd(dir / "g.yaml", out, "--dry-run --only 'b_pos/*seed1' 'a/lr1e-2_seed0'"));
   ASSERT_EQ(dry.code, 0) << dry.out;
