@@ -161,7 +161,11 @@ Batch Task::train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> r
     if (train_pool_ > 0) id = pool_id(seed, id, uint64_t(train_pool_));
     samples.push_back(sample(seed, Split::Train, id, draw_length(seed, Split::Train, id, range)));
   }
-  return make_batch(samples);
+  Batch b = make_batch(samples);
+  if (supervised_prefix_ > 0)
+    for (int i = 0; i < b.B; ++i)
+      for (int t = supervised_prefix_; t < b.T; ++t) b.labels[size_t(i) * b.T + t] = -1;
+  return b;
 }
 
 Batch Task::train_batch_of_rank(uint64_t seed, int64_t step, int B, std::array<int, 2> range, int rank, int world,

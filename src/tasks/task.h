@@ -93,6 +93,9 @@ class Task {
   // in its own order.
   virtual Batch train_batch(uint64_t seed, int64_t step, int B, std::array<int, 2> range) const;
   void set_train_pool(int64_t n) { train_pool_ = n; }
+  // A curriculum over positions (training.curriculum): training batches supervise only the first
+  // n target positions of every row (a BOS counts as one); later labels become -1. 0: all.
+  void set_supervised_prefix(int n) { supervised_prefix_ = n; }
   // Data parallelism: rank `rank` of `world` gets rows [rank·B/world, (rank+1)·B/world) of
   // training batch `step` (B a multiple of world), padded as in the whole batch, and in *weight
   // its share of the whole batch's labels times world (1 when the ranks have as many labels).
@@ -103,6 +106,7 @@ class Task {
 
  protected:
   int64_t train_pool_ = 0;
+  int supervised_prefix_ = 0;
 };
 
 // The id at position p of a training stream over a pool of n sequences: epoch p / n is a

@@ -102,6 +102,7 @@ void save_train_state(const fs::path& dir, const Model<float>& model, const Trai
   st.metadata["adam_step"] = std::to_string(s.adam_step);
   st.metadata["skipped"] = std::to_string(s.skipped);
   if (!s.schedule.empty()) st.metadata["schedule"] = s.schedule;
+  if (!s.curriculum.empty()) st.metadata["curriculum"] = s.curriculum;
   // The parameters at this step travel in the same file, so state and weights can never disagree.
   io::SafeTensors sp = params_to_st(model.layout(), model.params.data(), "param.");
   for (auto& t : sp.tensors) st.tensors.push_back(std::move(t));
@@ -136,6 +137,7 @@ TrainState load_train_state(const fs::path& dir, Model<float>& model, int64_t nu
     LRNN_USER_ERROR("{}: metadata disagrees with itself: adam_step {} + skipped {} != step {}", f, s.adam_step,
                     s.skipped, s.step);
   if (auto it = st.metadata.find("schedule"); it != st.metadata.end()) s.schedule = it->second;
+  if (auto it = st.metadata.find("curriculum"); it != st.metadata.end()) s.curriculum = it->second;
   const std::vector<Expected> parts = {{"adam_m."}, {"adam_v.", true}, {"param."}};
   check_tensor_set(st, f, model.layout(), parts);
   s.m.assign(model.layout().total(), 0.f);

@@ -16,6 +16,9 @@ struct TrainState {
   // The learning-rate schedule the run was started with (JSON: num_steps, warmup_steps, lr,
   // min_lr), so that a resume can refuse to bend it; empty in checkpoints that predate it.
   std::string schedule;
+  // training.curriculum's progress (JSON: positions, and the loss sum and step count of the epoch
+  // under way), so that a resumed run supervises what the uninterrupted one would; empty without one.
+  std::string curriculum;
 };
 
 void save_model(const std::filesystem::path& dir, const Model<float>& model);

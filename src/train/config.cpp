@@ -26,6 +26,14 @@ void TrainingConfig::describe(io::Schema& s) {
            "(P2 stops at 0.99; 0 = never)",
            0.0, 1.0)
       .add("checkpoint_every", &checkpoint_every, "resumable checkpoint every N steps (0 = only at the end)", 0, 1e12)
+      .add("curriculum", &curriculum,
+           "curriculum over positions: supervise only the first N target positions (a BOS counts as one), one more "
+           "after each epoch whose mean loss is below curriculum_loss, up to the whole sequence (the DeltaProduct "
+           "authors' script starts at 2); tasks with a label at every position only; 0 = off",
+           0, kMaxSequenceLength)
+      .add("curriculum_loss", &curriculum_loss, "mean epoch loss below which the curriculum adds a position", 0.0, 1e6)
+      .add("curriculum_every", &curriculum_every,
+           "steps per curriculum epoch (0 = one pass over task.train_pool, rounded up)", 0, 1e12)
       .add("seed", &seed, "seed of initialisation and data", 0, 9.007e15)
       .add("device", &device, "where to train", {"cpu", "cuda"})
       .add("precision", &precision,
@@ -75,6 +83,9 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
                     "micro-batches, got {}", source, c.training.batch_size, c.training.gradient_accumulation_steps);
   if (c.training.min_lr > c.training.lr)
     LRNN_USER_ERROR("{}: training.min_lr: must not exceed training.lr ({}), got {}", source, c.training.lr, c.training.min_lr);
+  if (c.training.curriculum > 0 && c.training.curriculum_every == 0 && c.task.train_pool == 0)
+    LRNN_USER_ERROR("{}: training.curriculum: its epochs are passes over task.train_pool, which is 0 (fresh data "
+                    "every step); set task.train_pool, or training.curriculum_every to the steps per epoch", source);
   c.model = YAML::Clone(root["model"]);
   if (!c.model || c.model.IsNull()) LRNN_USER_ERROR("{}: model: missing block (needs at least model_type)", source);
   if (!c.model.IsMap())

@@ -26,6 +26,13 @@ struct TrainingConfig {
   int64_t val_every = 0;           // evaluate every N steps (0: only at the end)
   double stop_at = 0.0;            // stop once a periodic evaluation reaches this scaled accuracy (0: never)
   int64_t checkpoint_every = 1000; // write a resumable checkpoint every N steps (and at the end)
+  // A curriculum over positions (the DeltaProduct authors' state-tracking script, `--curriculum`):
+  // the loss starts on the first `curriculum` target positions only (a BOS counts as one) and takes
+  // one more after each epoch whose mean training loss is below curriculum_loss, until it covers
+  // the whole sequence. 0: off. An epoch is curriculum_every steps (0: one pass over task.train_pool).
+  int curriculum = 0;
+  double curriculum_loss = 0.3;
+  int64_t curriculum_every = 0;
   int64_t seed = 0;
   std::string device = "cpu";
   std::string precision = "bf16";  // CUDA only: bf16 | tf32 | fp32 (cuda::GemmPrecision); the CPU computes in fp32

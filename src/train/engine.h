@@ -18,6 +18,7 @@ struct EngineStats {
   double grad_norm = 0; // the last step's gradient norm (before clipping)
   double lr = 0;        // the last step's learning rate
   int64_t skipped = 0;  // non-finite steps skipped since the start of the run
+  int64_t averaged = 0; // how many applied steps loss_avg is the mean of (0: none since the last call)
 };
 
 class Engine {
@@ -34,7 +35,8 @@ class Engine {
   virtual void step(const Batch& b, int64_t step, double lr, double weight = 1.0) = 0;
   // True when `mine` is true on any rank (a collective: every rank must call it at the same step).
   virtual bool any_rank(bool mine) { return mine; }
-  // May synchronise with a device; call it only when logging.
+  // May synchronise with a device: the loop calls it only when it logs, ends a curriculum epoch or
+  // checkpoints.
   virtual EngineStats stats() = 0;
   // Brings parameters into host_model() and the optimizer state into `st` (before checkpoints;
   // a collective with several ranks).

@@ -170,7 +170,7 @@ class CudaEngine final : public Engine {
 
   EngineStats stats() override {
     ops::cuda::StepStats s = read_stats();
-    EngineStats e{s.loss, s.loss_n ? s.loss_sum / double(s.loss_n) : s.loss, s.norm, s.lr, s.skipped};
+    EngineStats e{s.loss, s.loss_n ? s.loss_sum / double(s.loss_n) : s.loss, s.norm, s.lr, s.skipped, s.loss_n};
     s.loss_sum = 0;
     s.loss_n = 0;
     stats_.upload(&s, 1);  // nothing is in flight (read_stats synchronised)

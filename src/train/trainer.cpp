@@ -227,31 +227,104 @@ struct TrainSignals {
   TrainSignals& operator=(const TrainSignals&) = delete;
 };
 
-// The schedule keys a run's learning rate depends on, as saved in its training state.
+// The schedule keys a run's learning rate and its curriculum depend on, as saved in its training
+// state (the curriculum's keys only when it has one, so older checkpoints still compare equal).
 std::string schedule_json(const TrainingConfig& tc) {
-  return nlohmann::json{{"num_steps", tc.num_steps}, {"warmup_steps", tc.warmup_steps}, {"lr", tc.lr},
-                        {"min_lr", tc.min_lr}}.dump();
+  nlohmann::json j{{"num_steps", tc.num_steps}, {"warmup_steps", tc.warmup_steps}, {"lr", tc.lr}, {"min_lr", tc.min_lr}};
+  if (tc.curriculum > 0) {
+    j["curriculum"] = tc.curriculum;
+    j["curriculum_loss"] = tc.curriculum_loss;
+    j["curriculum_every"] = tc.curriculum_every;
+  }
+  return j.dump();
 }
 
-// A resume must continue the learning-rate schedule it was started with: changing num_steps,
-// warmup_steps, lr or min_lr would bend (or restart) the cosine in the middle of the run.
+// A resume must continue the schedule it was started with: changing num_steps, warmup_steps, lr
+// or min_lr would bend (or restart) the cosine in the middle of the run, and changing the
+// curriculum would change what the rest of the run is trained on.
 void check_schedule(const std::string& saved, const TrainingConfig& tc, const fs::path& dir, int64_t step) {
   if (saved.empty()) return;  // a checkpoint from before schedules were saved
   auto old = nlohmann::json::parse(saved, nullptr, false);
   if (!old.is_object()) LRNN_USER_ERROR("{}: train_state metadata 'schedule' is not valid JSON", dir.string());
   auto now = nlohmann::json::parse(schedule_json(tc));
   std::vector<std::string> changed;
-  for (auto& [k, v] : now.items())
-    if (!old.contains(k) || old[k] != v) changed.push_back(fmt::format("training.{} ({} -> {})", k, old.value(k, nlohmann::json()).dump(), v.dump()));
+  auto differs = [&](const std::string& k) {
+    if (old.contains(k) && now.contains(k) && old[k] == now[k]) return;
+    changed.push_back(fmt::format("training.{} ({} -> {})", k, old.contains(k) ? old[k].dump() : "unset",
+                                  now.contains(k) ? now[k].dump() : "unset"));
+  };
+  for (auto& [k, v] : now.items()) differs(k);
+  for (auto& [k, v] : old.items())
+    if (!now.contains(k)) differs(k);
   if (changed.empty()) return;
   const double lr_then = lr_at(step, old.value("num_steps", tc.num_steps), old.value("warmup_steps", tc.warmup_steps),
                                old.value("lr", tc.lr), old.value("min_lr", tc.min_lr));
   const double lr_now = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
-  LRNN_USER_ERROR("{}: --resume would change the learning-rate schedule the run was started with: {}; at step {} "
-                  "the learning rate would jump from {:.4g} to {:.4g}. Resume with the run's own values, or "
-                  "start a new run.",
-                  dir.string(), fmt::join(changed, ", "), step, lr_then, lr_now);
+  const std::string jump = lr_then == lr_now ? std::string()
+                            : fmt::format("; at step {} the learning rate would jump from {:.4g} to {:.4g}", step,
+                                          lr_then, lr_now);
+  LRNN_USER_ERROR("{}: --resume would change the schedule the run was started with: {}{}. Resume with the run's "
+                  "own values, or start a new run.",
+                  dir.string(), fmt::join(changed, ", "), jump);
 }
+
+// training.curriculum: how many target positions the loss covers, and the epoch under way. An
+// epoch is a fixed span of `every` steps; at its end the mean loss of its applied steps decides
+// whether one more position is supervised. The progress travels in the training state, so that a
+// resumed run supervises what the uninterrupted one would have.
+struct Curriculum {
+  int positions = 0;    // supervised target positions (0: no curriculum)
+  int full = 0;         // the longest training target: from here on every position is supervised
+  int64_t every = 0;    // steps per epoch
+  double threshold = 0;
+  double loss_sum = 0;  // the epoch under way: its applied steps' summed loss, and their number
+  int64_t applied = 0;
+
+  bool on() const { return positions > 0; }
+  bool complete() const { return positions >= full; }
+  int prefix() const { return on() && !complete() ? positions : 0; }  // for Task::set_supervised_prefix
+  bool epoch_ends(int64_t step) const { return on() && !complete() && step % every == 0; }
+
+  static Curriculum of(const ExperimentConfig& cfg, const Task& task) {
+    const auto& tc = cfg.training;
+    Curriculum c;
+    if (tc.curriculum == 0) return c;
+    if (task.eval_kind() != EvalKind::Prefix)
+      LRNN_USER_ERROR("{}: training.curriculum: task {} has one answer per sequence; a curriculum over positions "
+                      "needs a label at every position (word_problem)", cfg.source, cfg.task.name);
+    c.positions = tc.curriculum;
+    c.full = int(task.sample(0, Split::Train, 0, cfg.task.train_len[1]).target.size());
+    c.every = tc.curriculum_every > 0 ? tc.curriculum_every
+                                      : (cfg.task.train_pool + tc.batch_size - 1) / tc.batch_size;
+    c.threshold = tc.curriculum_loss;
+    return c;
+  }
+  std::string to_json() const {
+    if (!on()) return {};
+    return nlohmann::json{{"positions", positions}, {"loss_sum", loss_sum}, {"applied", applied}}.dump();
+  }
+  // The progress saved at `step` (empty: the checkpoint has none, and the run starts over at the
+  // config's positions; the schedule check has already refused a run that gained a curriculum).
+  void restore(const std::string& saved, const fs::path& dir, int64_t step) {
+    if (!on() || saved.empty()) return;
+    auto j = nlohmann::json::parse(saved, nullptr, false);
+    const int64_t in_epoch = step % every;
+    const bool ok = j.is_object() && j.contains("positions") && j["positions"].is_number_integer() &&
+                    j.contains("loss_sum") && j["loss_sum"].is_number() && j.contains("applied") &&
+                    j["applied"].is_number_integer() && int64_t(j["positions"]) >= positions &&
+                    int64_t(j["positions"]) <= std::max(full, positions) && double(j["loss_sum"]) >= 0 &&
+                    std::isfinite(double(j["loss_sum"])) && int64_t(j["applied"]) >= 0 &&
+                    int64_t(j["applied"]) <= in_epoch;
+    if (!ok)
+      LRNN_USER_ERROR("{}: train_state metadata 'curriculum' is '{}'; expected positions in [{}, {}], a finite "
+                      "loss_sum >= 0 and applied in [0, {}] (steps into the epoch at step {})",
+                      (dir / "train_state.safetensors").string(), saved.substr(0, 120), positions,
+                      std::max(full, positions), in_epoch, step);
+    positions = int(j["positions"]);
+    loss_sum = double(j["loss_sum"]);
+    applied = int64_t(j["applied"]);
+  }
+};
 
 // The CPU engine: data parallelism over cores (train/data_parallel.h), AdamW on the host.
 class CpuEngine final : public Engine {
@@ -309,7 +382,7 @@ class CpuEngine final : public Engine {
     ++loss_n_;
   }
   EngineStats stats() override {
-    EngineStats s{loss_, loss_n_ ? loss_sum_ / double(loss_n_) : loss_, norm_, lr_, st_.skipped};
+    EngineStats s{loss_, loss_n_ ? loss_sum_ / double(loss_n_) : loss_, norm_, lr_, st_.skipped, loss_n_};
     loss_sum_ = 0;
     loss_n_ = 0;
     return s;
@@ -392,6 +465,7 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     LRNN_USER_ERROR("{}: {} ranks ({}): training over several processes is on GPUs only; use --device cuda (or one "
                     "process: the CPU engine already uses every core)", cfg.source, world.size, world.source);
   auto task = create_task(cfg.task);
+  Curriculum curriculum = Curriculum::of(cfg, *task);
   std::unique_ptr<Engine> engine = make_engine(cfg);
   Model<float>* model = &engine->host_model();
   const size_t P = model->params.size();
@@ -423,6 +497,8 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
         std::remove((dir / f).c_str());
   }
   st.schedule = schedule_json(tc);
+  if (opt.resume) curriculum.restore(st.curriculum, dir, st.step);
+  task->set_supervised_prefix(curriculum.prefix());
   engine->start(st);
   if (lead) io::write_file_atomic(dir / "config.yaml", YAML::Dump(cfg.to_yaml()) + "\n");
   // A language model's run keeps its tokenizer (as Hugging Face model directories do), so that
@@ -448,8 +524,24 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   double loss = 0;
   int64_t tokens = 0, skipped_logged = st.skipped, skipped_in_a_row = 0, logged_step = st.step;
   auto t0 = Clock::now(), tlog = t0;
+  // The engine's loss statistics, read at log steps, at curriculum epochs' ends and before
+  // checkpoints (the same steps in a resumed run as in the uninterrupted one): each read feeds the
+  // log line's mean and the curriculum epoch's.
+  double log_loss_sum = 0;
+  int64_t log_applied = 0;
+  auto pull_stats = [&] {
+    EngineStats es = engine->stats();
+    const double sum = es.loss_avg * double(es.averaged);
+    log_loss_sum += sum;
+    log_applied += es.averaged;
+    curriculum.loss_sum += sum;
+    curriculum.applied += es.averaged;
+    return es;
+  };
   auto checkpoint = [&] {
+    if (curriculum.on()) pull_stats();
     engine->to_host(st);  // (every rank: the optimizer state's slices are gathered)
+    st.curriculum = curriculum.to_json();
     if (!lead) return;
     // A model that is not finite never replaces the last good checkpoint (the engines skip any
     // step whose update would not be finite; this is the last line of defence).
@@ -482,9 +574,31 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     engine->step(b, step, lr, weight);
     tokens += int64_t(b.B) * b.T * world.size;
     st.step = step + 1;
+    if (curriculum.epoch_ends(st.step)) {
+      pull_stats();
+      const double mean = curriculum.applied ? curriculum.loss_sum / double(curriculum.applied) : HUGE_VAL;
+      // With several ranks each knows its own rows' loss: a position is added when every rank's
+      // epoch loss is below the threshold (a collective, so all ranks keep the same curriculum).
+      bool grow = mean < curriculum.threshold;
+      if (world.distributed()) grow = !engine->any_rank(!grow);
+      log({{"type", "curriculum"}, {"step", st.step}, {"epoch_loss", std::isfinite(mean) ? nlohmann::json(mean) : nlohmann::json()},
+           {"positions", curriculum.positions + (grow ? 1 : 0)}});
+      curriculum.loss_sum = 0;
+      curriculum.applied = 0;
+      if (grow) {
+        ++curriculum.positions;
+        task->set_supervised_prefix(curriculum.prefix());
+        progress.message(fmt::format("curriculum at step {}: epoch loss {:.4f} < {}; the loss now covers {} of {} "
+                                     "positions", st.step, mean, curriculum.threshold,
+                                     std::min(curriculum.positions, curriculum.full), curriculum.full));
+      }
+    }
     bool log_now = st.step % cfg.logging.log_every == 0 || st.step == tc.num_steps;
     if (log_now) {
-      EngineStats es = engine->stats();
+      EngineStats es = pull_stats();
+      es.loss_avg = log_applied ? log_loss_sum / double(log_applied) : es.loss;
+      log_loss_sum = 0;
+      log_applied = 0;
       loss = es.loss;
       // Steps skipped since the last line (their update was dropped), then the regular line.
       for (int64_t k = skipped_logged; k < es.skipped; ++k)
@@ -501,9 +615,11 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
                         "training.grad_clip, and check the data", dir.string(), skipped_in_a_row, st.step);
       auto now = Clock::now();
       double dt = std::chrono::duration<double>(now - tlog).count();
-      log({{"type", "train"}, {"step", st.step}, {"loss", es.loss}, {"loss_avg", es.loss_avg},
+      nlohmann::json line{{"type", "train"}, {"step", st.step}, {"loss", es.loss}, {"loss_avg", es.loss_avg},
            {"lr", es.lr}, {"grad_norm", es.grad_norm}, {"skipped", es.skipped}, {"tokens_per_s", tokens / std::max(dt, 1e-9)},
-           {"elapsed_s", std::chrono::duration<double>(now - t0).count()}});
+           {"elapsed_s", std::chrono::duration<double>(now - t0).count()}};
+      if (curriculum.on()) line["positions"] = std::min(curriculum.positions, curriculum.full);
+      log(line);
       tokens = 0; tlog = now;
     }
     // A stop signal: one rank alone must not leave the others waiting in a collective, so with
