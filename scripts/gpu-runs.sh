@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Single training runs side by side on a host's GPUs, one per GPU (round-robin when there are more
+# runs than GPUs), each stopped cleanly (SIGTERM: checkpoint written) after a time limit; every
+# run directory comes back as OUT/run-NAME.tgz, checkpoints included, so that a later call can
+# continue it. For runs a grid cannot express (e.g. a different learning-rate schedule per run).
+#   scripts/gpu-runs.sh BIN_DIR OUT_DIR SECONDS 'NAME: lrnn train arguments' ...
+#   RESUME_FROM=DIR: unpack DIR/run-NAME.tgz first and continue NAME with `train --resume`.
+# Example:
+#   scripts/gpu-runs.sh .gpu-pack "$OUT" 540 \
+#     'a: --config configs/state_tracking/s5_deltaproduct_nh4_neg_curriculum.yaml' \
+#     'b: --config configs/state_tracking/s5_deltaproduct_nh4_neg_curriculum.yaml --set training.lr=1e-4 training.min_lr=1e-4'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=$1 OUT=$2 LIMIT=$3
+shift 3
+mkdir -p "$OUT"
+runs=$(mktemp -d)
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+((gpus > 0)) || gpus=1
+i=0
+pids=()
+for spec in "$@"; do
+  name=${spec%%:*}
+  args=${spec#*:}
+  dir="$runs/$name"
+  if [[ -n "${RESUME_FROM:-}" && -f "$RESUME_FROM/run-$name.tgz" ]]; then
+    tar xzf "$RESUME_FROM/run-$name.tgz" -C "$runs"
+    cmd="train --resume $dir"
+  else
+    # shellcheck disable=SC2086  # the arguments are words of a command line
+    cmd="train $args --out $dir --set training.device=cuda"
+  fi
+  echo "== $name on GPU $((i % gpus)): lrnn $cmd"
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout -s TERM "$LIMIT" "$BIN/lrnn" $cmd >"$runs/$name.log" 2>&1 &
+  pids+=($!)
+  i=$((i + 1))
+done
+for p in "${pids[@]}"; do wait "$p" || true; done
+for spec in "$@"; do
+  name=${spec%%:*}
+  echo "== $name"
+  tail -n 25 "$runs/$name.log"
+  cp "$runs/$name.log" "$OUT/$name.log"
+  if [[ -d "$runs/$name" ]]; then (cd "$runs" && tar czf "$OUT/run-$name.tgz" "$name"); fi
+done
