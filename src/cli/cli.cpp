@@ -64,8 +64,10 @@ std::string eval_table(const nlohmann::json& e) {
   const char* metric = prefix ? "seq. acc." : "scaled";
   std::vector<EvalRow> rows;
   auto whole = [&](const nlohmann::json& x, const std::string& note) {
+    // Word problems: the column is the sequence accuracy itself (their scaled accuracy differs from
+    // it by chance^n, ~1e-200, and printed a minus sign on zero).
     rows.push_back({fmt::format("{}-{}", int(x["lengths"][0]), int(x["lengths"][1])), note, double(x["accuracy"]),
-                    double(x["scaled_accuracy"]), (long long)x["samples"]});
+                    prefix ? double(x["accuracy"]) : double(x["scaled_accuracy"]), (long long)x["samples"]});
   };
   if (e.contains("train_range")) whole(e["train_range"], "training lengths");
   whole(e, "evaluation lengths");
