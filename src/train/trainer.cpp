@@ -525,8 +525,10 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
   int64_t tokens = 0, skipped_logged = st.skipped, skipped_in_a_row = 0, logged_step = st.step;
   auto t0 = Clock::now(), tlog = t0;
   // The engine's loss statistics, read at log steps, at curriculum epochs' ends and before
-  // checkpoints (the same steps in a resumed run as in the uninterrupted one): each read feeds the
-  // log line's mean and the curriculum epoch's.
+  // checkpoints: each read feeds the log line's mean and the curriculum epoch's. Periodic
+  // checkpoints fall on the same steps in a resumed run as in the uninterrupted one, so the
+  // epoch's sum is bit for bit the same; after a checkpoint forced by a signal it may differ in its
+  // last bits (the sum is taken in other pieces).
   double log_loss_sum = 0;
   int64_t log_applied = 0;
   auto pull_stats = [&] {
