@@ -21,6 +21,8 @@ task, in --out DIR (default: the first PATH):
                                      task's metric at each evaluation, on the test lengths (solid)
                                      and the training lengths (dashed); validation loss and
                                      perplexity where the eval lines have them (language models);
+                                     the positions the loss covers, for runs with a curriculum
+                                     (training.curriculum: `positions` on the train lines);
   <task>_<metric>_by_length.png      the metric at each length of eval.json (test lengths, and the
                                      training lengths shaded), from the runs that have finished;
   lm_loss_by_position.png            language models (task.name lm): the validation loss at each
@@ -763,7 +765,9 @@ def plot_training(groups, info, subtitle, out, spread="both"):
     by_step = {r.path: metric_vs_step(r, info) for r in runs}
     has_metric = any(by_step.values())
     lm = [(k, t, log) for k, t, log in LM_KEYS if any(key_vs_step(r.eval_lines(), k) for r in runs)]
-    n = 1 + int(has_metric) + len(lm)
+    # training.curriculum: the train lines carry the positions the loss covers at the time.
+    curriculum = any(key_vs_step(r.train_lines(), "positions") for r in runs)
+    n = 1 + int(has_metric) + len(lm) + int(curriculum)
     fig, axes = plt.subplots(1, n, figsize=(5.4 * n, 4.4), dpi=120, squeeze=False)
     axes = list(axes[0])
     colors = [f"C{i % 10}" for i in range(len(groups))]
@@ -777,7 +781,8 @@ def plot_training(groups, info, subtitle, out, spread="both"):
         draw_group(ax, series, c, spread)
     if positive and _spans_decade(ax):
         ax.set_yscale("log")
-    ax.set_title("training loss (mean over each logging interval)", fontsize=10)
+    ax.set_title("training loss over the supervised positions" if curriculum
+                 else "training loss (mean over each logging interval)", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy")
     panels.append((ax.get_title(), ax.get_ylabel()))
@@ -818,6 +823,15 @@ def plot_training(groups, info, subtitle, out, spread="both"):
         ax.set_title(f"{title} at each evaluation", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(title)
+        panels.append((ax.get_title(), ax.get_ylabel()))
+
+    if curriculum:
+        ax = axes[-1]
+        for g, c in zip(groups, colors):
+            draw_group(ax, [key_vs_step(r.train_lines(), "positions") for r in g.runs], c, spread)
+        ax.set_title("target positions the loss covers (training.curriculum)", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("supervised positions")
         panels.append((ax.get_title(), ax.get_ylabel()))
 
     for ax in axes:

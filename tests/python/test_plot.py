@@ -252,6 +252,27 @@ class PlotTest(unittest.TestCase):
         self.assertAlmostEqual(steps["train"][1][1], 1 - 16 * 0.01, places=9)
         self.assertEqual(plot.loss_vs_step(run)[0], [50, 100])  # the cut line is skipped
 
+    def test_curriculum_runs_get_a_positions_panel(self):
+        # A run with training.curriculum: its train lines carry `positions`; the training figure adds
+        # a panel of them and says the loss is the curriculum's.
+        d = self.path("cur")
+        make_s5_run(d, 0, 0.01)
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            lines = [json.loads(x) for x in f if x.strip().endswith("}")]
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            for j in lines:
+                if j["type"] == "train":
+                    j["positions"] = 2 + j["step"] // 50
+                f.write(json.dumps(j) + "\n")
+            f.write(json.dumps({"type": "curriculum", "step": 50, "epoch_loss": 0.2, "positions": 3}) + "\n")
+        run = plot.find_runs(d)[0]
+        self.assertEqual(plot.key_vs_step(run.train_lines(), "positions"), ([50, 100], [3, 4]))
+        written, _, _ = quiet(plot.make_plots, [d], self.path("plots"))
+        train = dict((os.path.basename(p), s) for p, s in written)["word_problem_S5_training.png"]
+        self.assertEqual([p[1] for p in train["panels"]], ["cross-entropy", "sequence accuracy", "supervised positions"])
+        self.assertIn("supervised positions", train["panels"][0][0])
+        # Without a curriculum, no such panel (test_main_writes_pngs_with_task_metric_labels).
+
     def test_seed_spread(self):
         x, med, lo, hi = plot.seed_spread([([0, 1, 2], [1, 2, 3]), ([0, 1, 2], [3, 4, 5]), ([0, 1], [2, 2])])
         self.assertEqual(list(x), [0, 1])  # the median ends where the shortest seed ends
