@@ -146,6 +146,28 @@ std::optional<std::pair<double, double>> read_eval(const fs::path& file) {
   return std::make_pair(j["scaled_accuracy"].get<double>(), train);
 }
 
+}  // namespace
+
+double sequence_reach(const nlohmann::json& e) {
+  if (!e.is_object() || e.value("metric", "") != "sequence_accuracy_up_to_length" || !e.contains("per_length") ||
+      !e["per_length"].is_object())
+    return kNaN;
+  std::vector<std::pair<int, double>> curve;
+  for (auto& [k, v] : e["per_length"].items()) {
+    if (!v.is_object() || !v.contains("accuracy") || !v["accuracy"].is_number()) return kNaN;
+    curve.emplace_back(std::atoi(k.c_str()), v["accuracy"].get<double>());
+  }
+  std::sort(curve.begin(), curve.end());
+  double reach = 0;
+  for (auto& [t, acc] : curve) {
+    if (acc < kReachAccuracy) break;
+    reach = t;
+  }
+  return reach;
+}
+
+namespace {
+
 std::string last_line(const fs::path& file) {
   std::string s;
   try { s = io::read_file(file); } catch (const UserError&) { return ""; }
@@ -747,7 +769,7 @@ Report collect(const Grid& g, const fs::path& out) {
     cr.model = model_label(first->expected.model);
     cr.train_len = first->expected.task.train_len;
     cr.eval_len = first->expected.task.eval_len;
-    for (double lr : g.lrs) cr.lrs.push_back(LrResult{lr, {}, {}, {}});
+    for (double lr : g.lrs) cr.lrs.push_back(LrResult{lr, {}, {}, {}, {}});
     rep.configs.push_back(std::move(cr));
   }
   for (auto& r : runs) {
@@ -760,6 +782,7 @@ Report collect(const Grid& g, const fs::path& out) {
       sr.finished = true;
       sr.scaled = e->first;
       sr.train_scaled = e->second;
+      sr.reach = sequence_reach(nlohmann::json::parse(io::read_file(r.dir / "eval.json"), nullptr, false));
       ++rep.finished;
     } else if (st.state == RunState::Conflict) {
       rep.notes.push_back(fmt::format("{}: left out, made with another config ({})", r.id, st.why));
@@ -769,11 +792,16 @@ Report collect(const Grid& g, const fs::path& out) {
   for (auto& cr : rep.configs) {
     std::vector<Summary> tests;
     for (auto& lr : cr.lrs) {
-      std::vector<double> t, tr;
+      std::vector<double> t, tr, reach;
       for (auto& s : lr.seeds)
-        if (s.finished) { t.push_back(s.scaled); tr.push_back(s.train_scaled); }
+        if (s.finished) {
+          t.push_back(s.scaled);
+          tr.push_back(s.train_scaled);
+          if (!std::isnan(s.reach)) reach.push_back(s.reach);
+        }
       lr.test = summarize(t);
       lr.train = summarize(tr);
+      lr.reach = summarize(reach);
       tests.push_back(lr.test);
     }
     cr.best_lr = select_lr(tests);
@@ -839,6 +867,24 @@ std::string to_markdown(const Report& r) {
       md += fmt::format("| {} | {} | {}/{} | {} | {} | {} |\n", c.name, lr, l.test.n, l.seeds.size(), median_mad(l.test), best,
                         fmt::join(per, ", "));
     }
+  bool curves = false;
+  for (auto& c : r.configs)
+    for (auto& l : c.lrs) curves = curves || l.reach.n > 0;
+  if (curves) {
+    md += fmt::format("\nWord problems: the length at which sequence accuracy falls below {} (the longest t with "
+                      "sequence accuracy >= {} at every length up to t; the longest evaluated length when it never "
+                      "falls), over seeds:\n\n", kReachAccuracy, kReachAccuracy);
+    md += "| config | model | lr | seeds | median ± MAD | best | per seed |\n";
+    md += "|---|---|---|---|---|---|---|\n";
+    for (auto& c : r.configs)
+      for (auto& l : c.lrs) {
+        if (l.reach.n == 0) continue;
+        std::vector<std::string> per;
+        for (auto& s : l.seeds) per.push_back(s.finished && !std::isnan(s.reach) ? fmt::format("{}", s.reach) : "–");
+        md += fmt::format("| {} | {} | {} | {}/{} | {} ± {} | {} | {} |\n", c.name, c.model, format_lr(l.lr), l.reach.n,
+                          l.seeds.size(), l.reach.median, l.reach.mad, l.reach.best, fmt::join(per, ", "));
+      }
+  }
   if (!r.notes.empty()) {
     md += "\nLeft out:\n\n";
     for (auto& n : r.notes) md += "- " + n + "\n";
@@ -847,17 +893,19 @@ std::string to_markdown(const Report& r) {
 }
 
 std::string to_csv(const Report& r) {
-  std::string s = "config,model,lr,selected,finished,seeds,median,mad,best,best_seed,best_run,train_median,train_mad";
+  std::string s =
+      "config,model,lr,selected,finished,seeds,median,mad,best,best_seed,best_run,train_median,train_mad,reach_median,"
+      "reach_mad,reach_best";
   for (auto seed : r.seeds) s += fmt::format(",seed{}", seed);
   s += "\n";
   for (auto& c : r.configs)
     for (size_t i = 0; i < c.lrs.size(); ++i) {
       const LrResult& l = c.lrs[i];
       const SeedResult* b = best_seed(l);
-      s += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.name), csv_field(c.model), format_lr(l.lr),
-                       int(i) == c.best_lr ? 1 : 0, l.test.n, l.seeds.size(), num(l.test.median), num(l.test.mad),
-                       num(l.test.best), b ? std::to_string(b->seed) : "", csv_field(b ? b->run : ""),
-                       num(l.train.median), num(l.train.mad));
+      s += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.name), csv_field(c.model),
+                       format_lr(l.lr), int(i) == c.best_lr ? 1 : 0, l.test.n, l.seeds.size(), num(l.test.median),
+                       num(l.test.mad), num(l.test.best), b ? std::to_string(b->seed) : "", csv_field(b ? b->run : ""),
+                       num(l.train.median), num(l.train.mad), num(l.reach.median), num(l.reach.mad), num(l.reach.best));
       for (auto& sd : l.seeds) {
         s += ',';
         if (sd.finished) s += num(sd.scaled);

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 #include "train/config.h"
 
 namespace lrnn::sweep {
@@ -135,13 +136,23 @@ struct SeedResult {
   int64_t seed = 0;
   bool finished = false;
   double scaled = 0, train_scaled = 0;
+  // Word problems (sequence accuracy up to each length): the longest length t with sequence
+  // accuracy >= kReachAccuracy at every length up to t (0 when the first length is below it; the
+  // longest evaluated length when none is). NaN for other tasks.
+  double reach = 0;
   std::string run;                  // run directory relative to the sweep directory
 };
+
+// P2's measure of length generalisation: where sequence accuracy falls below 0.9.
+inline constexpr double kReachAccuracy = 0.9;
+// `reach` of an eval.json (SeedResult::reach); NaN when it has no sequence-accuracy curve.
+double sequence_reach(const nlohmann::json& eval);
 
 struct LrResult {
   double lr = 0;
   std::vector<SeedResult> seeds;    // in grid order, finished or not
   Summary test, train;              // over finished seeds; train: on the training lengths
+  Summary reach;                    // over finished seeds with a sequence-accuracy curve
 };
 
 struct ConfigResult {

@@ -244,6 +244,45 @@ TEST(SweepAggregate, ReportFromHandMadeRuns) {
   EXPECT_EQ(rows[2]["finished"], "2");
   EXPECT_EQ(rows[2]["seed1"], "");
   EXPECT_EQ(rows[5]["median"], "");
+  EXPECT_EQ(rows[1]["reach_median"], "") << "parity has no sequence-accuracy curve";
+  EXPECT_FALSE(contains(md, "falls below")) << md;
+  fs::remove_all(dir);
+}
+
+// Word problems: where each seed's sequence accuracy first falls below 0.9, summarised like the
+// scaled accuracy (P2 reports length generalisation this way).
+TEST(SweepAggregate, WordProblemsReportWhereSequenceAccuracyFallsBelowPointNine) {
+  auto curve = [](std::vector<double> acc) {
+    nlohmann::json per = nlohmann::json::object();
+    for (size_t t = 0; t < acc.size(); ++t) per[std::to_string(t + 1)] = {{"accuracy", acc[t]}, {"n", 8}};
+    return nlohmann::json{{"metric", "sequence_accuracy_up_to_length"}, {"per_length", per}, {"scaled_accuracy", acc.back()}};
+  };
+  EXPECT_EQ(sweep::sequence_reach(curve({1.0, 0.95, 0.9, 0.89, 0.95})), 3.0);  // the first fall ends it
+  EXPECT_EQ(sweep::sequence_reach(curve({0.5, 1.0})), 0.0);
+  EXPECT_EQ(sweep::sequence_reach(curve({1.0, 1.0, 0.99})), 3.0);  // never falls: the longest length
+  EXPECT_TRUE(std::isnan(sweep::sequence_reach(nlohmann::json{{"metric", "answer_accuracy"}, {"scaled_accuracy", 1}})));
+  // Lengths are ordered as numbers, not as the JSON object's string keys ("10" < "9").
+  std::vector<double> long_curve(12, 1.0);
+  long_curve[9] = 0.5;  // length 10
+  EXPECT_EQ(sweep::sequence_reach(curve(long_curve)), 9.0);
+
+  auto dir = temp_dir("sweep_reach");
+  write_configs(dir);
+  write_text(dir / "g.yaml", "name: reach\nconfigs: [a.yaml]\nlr: [1.0e-3]\nseeds: [0, 1, 2]\n");
+  auto grid = sweep::Grid::load(dir / "g.yaml");
+  const fs::path out = dir / "out";
+  const std::vector<std::vector<double>> seeds = {{1, 1, 1, 0.5}, {1, 0.2, 0.1, 0}, {1, 1, 0.95, 0.9}};
+  for (auto& run : sweep::plan(grid, out, 0)) {
+    fs::create_directories(run.dir);
+    write_text(run.dir / "config.yaml", YAML::Dump(run.expected.to_yaml()) + "\n");
+    write_text(run.dir / "eval.json", curve(seeds[size_t(run.seed_index)]).dump());
+  }
+  std::string md = sweep::write_report(grid, out);
+  EXPECT_TRUE(contains(md, "| a | delta_net [-1,1] | 1e-3 | 3/3 | 3 ± 1 | 4 | 3, 1, 4 |")) << md;
+  auto rows = read_csv(out / "results.csv");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["reach_median"], "3");
+  EXPECT_EQ(rows[0]["reach_best"], "4");
   fs::remove_all(dir);
 }
 
