@@ -134,17 +134,11 @@ bool ignored_key(const std::string& k) {
          k == "training.checkpoint_every";
 }
 
-// eval.json's test and training-range scaled accuracy; nullopt when missing or unreadable.
-std::optional<std::pair<double, double>> read_eval(const fs::path& file) {
-  if (!fs::exists(file)) return std::nullopt;
-  auto j = nlohmann::json::parse(io::read_file(file), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("scaled_accuracy") || !j["scaled_accuracy"].is_number())
-    return std::nullopt;
-  double train = kNaN;
-  if (j.contains("train_range") && j["train_range"].is_object() && j["train_range"].contains("scaled_accuracy"))
-    train = j["train_range"]["scaled_accuracy"].get<double>();
-  return std::make_pair(j["scaled_accuracy"].get<double>(), train);
-}
+// What a sweep reads of a finished run's eval.json: the test and training-range scaled accuracy,
+// and for word problems the length their sequence accuracy reaches (sequence_reach).
+struct EvalScores {
+  double scaled = 0, train = 0, reach = 0;
+};
 
 }  // namespace
 
@@ -167,6 +161,21 @@ double sequence_reach(const nlohmann::json& e) {
 }
 
 namespace {
+
+// eval.json's scores; nullopt when missing or unreadable.
+std::optional<EvalScores> read_eval(const fs::path& file) {
+  if (!fs::exists(file)) return std::nullopt;
+  auto j = nlohmann::json::parse(io::read_file(file), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("scaled_accuracy") || !j["scaled_accuracy"].is_number())
+    return std::nullopt;
+  EvalScores e;
+  e.scaled = j["scaled_accuracy"].get<double>();
+  e.train = kNaN;
+  if (j.contains("train_range") && j["train_range"].is_object() && j["train_range"].contains("scaled_accuracy"))
+    e.train = j["train_range"]["scaled_accuracy"].get<double>();
+  e.reach = sequence_reach(j);
+  return e;
+}
 
 std::string last_line(const fs::path& file) {
   std::string s;
@@ -611,7 +620,7 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
   for (size_t i = 0; i < runs.size(); ++i)
     if (status[i].state == RunState::Done) {
       auto e = read_eval(runs[i].dir / "eval.json");
-      std::fprintf(stderr, "skip     %s (finished: scaled accuracy %.3f)\n", runs[i].id.c_str(), e->first);
+      std::fprintf(stderr, "skip     %s (finished: scaled accuracy %.3f)\n", runs[i].id.c_str(), e->scaled);
     }
 
   StopSignals signals;
@@ -670,7 +679,7 @@ SweepOutcome run_sweep(const Grid& grid, const SweepOptions& opt) {
       if (p > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && e) {
         ++res.finished;
         std::fprintf(stderr, "%s done    %s  scaled accuracy %.3f (training lengths %.3f)  %.1f s\n",
-                     tag(active[a].number).c_str(), r.id.c_str(), e->first, e->second, secs);
+                     tag(active[a].number).c_str(), r.id.c_str(), e->scaled, e->train, secs);
       } else if (!(g_stop && p > 0 && WIFSIGNALED(st))) {
         ++res.failed;
         std::string why = p < 0                                            ? std::strerror(wait_errno)
@@ -780,9 +789,9 @@ Report collect(const Grid& g, const fs::path& out) {
     if (st.state == RunState::Done) {
       auto e = read_eval(r.dir / "eval.json");
       sr.finished = true;
-      sr.scaled = e->first;
-      sr.train_scaled = e->second;
-      sr.reach = sequence_reach(nlohmann::json::parse(io::read_file(r.dir / "eval.json"), nullptr, false));
+      sr.scaled = e->scaled;
+      sr.train_scaled = e->train;
+      sr.reach = e->reach;
       ++rep.finished;
     } else if (st.state == RunState::Conflict) {
       rep.notes.push_back(fmt::format("{}: left out, made with another config ({})", r.id, st.why));
