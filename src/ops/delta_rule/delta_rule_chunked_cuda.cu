@@ -13,19 +13,23 @@
 // Kernels (each a grid of thread blocks of 8 warps; every product is a 16x16x8 TF32 MMA from
 // nvcuda::wmma with fp32 accumulation, a warp computing 16 x 32 of the result at a time):
 //   prep     one block per chunk: gathers K, Q (zero-padded, contiguous), beta, G; forms A, the
-//            inverse Tinv (a forward substitution, one column per warp at a time, in fp32), W, U
+//            inverse Tinv (a forward substitution, one column per warp at a time, in fp32), W, U,
+//            and P = (Q K^T) . exp(G_r - G_j) masked to j <= r (without the scale), which the
+//            output, dstate and grad kernels read instead of forming it again
 //   state    one block per (b, h, block of state columns), walking the chunks in order: stores
 //            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
-//            shared memory; the next chunk's W, K, U are copied in by cp.async meanwhile)
+//            shared memory; the next chunk's W, K, U and G are copied in by cp.async meanwhile)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~)
 // Backward: prep again, then
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
-//            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~)
+//            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
+//            each operand of the next chunk is copied in as soon as its buffer is free)
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic)
 // Operands live in shared memory where it holds them (fp32 tiles: one block per SM), else are read
-// from global memory (L2) by the MMA loads; the grad kernel's S0, dS, U~ and dU~ products are the
-// latter, and are where its time goes (docs/RESULTS.md, "The chunked delta rule on tensor cores").
+// from global memory (L2) by the MMA loads. The grad kernel stages U~ and then dU~ in shared
+// memory and reads S0 and dS (Dk x Dv each) from L2 by strips that share each fragment of them
+// over 64 rows (mm_b), so that each is read about once per product.
 //
 // Error analysis. Tinv is exact arithmetic's M^-1, computed in fp32 by substitution; its entries
 // are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
@@ -153,6 +157,54 @@ __device__ void mm(float* out, int ldo, const float* A, int lda, const float* B,
   else mm_strips<1, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
 }
 
+// The strips of mm_b below, MT tiles of 16 x 16 tall, sharing each B fragment.
+template <int MT, bool AT, bool BT, bool PRECISE>
+__device__ void mm_cols(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
+                        float alpha, const float* cin, int ldc, float beta) {
+  const int warp = threadIdx.x >> 5, sm = M / (16 * MT), strips = sm * (N >> 4);
+  for (int t = warp; t < strips; t += kWarps) {
+    const int n0 = (t / sm) << 4, m0 = (t % sm) * 16 * MT;
+    FragC acc[MT];
+#pragma unroll
+    for (int j = 0; j < MT; ++j) wmma::fill_fragment(acc[j], 0.f);
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      FragA<AT> a[MT], al[MT];
+      FragB<BT> b, bl;
+      wmma::load_matrix_sync(b, BT ? B + size_t(n0) * ldb + k0 : B + size_t(k0) * ldb + n0, ldb);
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const int m = m0 + 16 * j;
+        wmma::load_matrix_sync(a[j], AT ? A + size_t(k0) * lda + m : A + size_t(m) * lda + k0, lda);
+      }
+      to_tf32<PRECISE>(b, bl);
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        to_tf32<PRECISE>(a[j], al[j]);
+        mma_tf32<PRECISE>(acc[j], a[j], al[j], b, bl);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MT; ++j) put_tile(acc[j], out, ldo, cin, ldc, m0 + 16 * j, n0, alpha, beta);
+  }
+}
+
+// mm for a B read from global memory (L2): a warp computes a strip 16 MT tall and 16 wide, sharing
+// each B fragment over its MT tiles, so that B is read MT times less often than by mm's strips
+// (which read it once per 16 rows). MT is the largest of 4, 2 that still gives every warp a strip;
+// where none does, mm.
+template <bool AT, bool BT, bool PRECISE>
+__device__ void mm_b(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
+                     float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
+  const int mt = M >> 4, nt = N >> 4;
+  if (mt % 4 == 0 && mt / 4 * nt >= kWarps)
+    mm_cols<4, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else if (mt % 2 == 0 && mt / 2 * nt >= kWarps)
+    mm_cols<2, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else
+    mm<AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+}
+
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
 // index divisions: the element loops were what the kernels spent their issue slots on).
 template <class F>
@@ -218,6 +270,19 @@ __device__ void gather_rows(float* sdst, int ldd, float* gdst, const float* src,
       }
     }
 }
+// gather_rows into shared memory by cp.async (16 bytes a copy; rows that are not there are zeroed,
+// and a row not 16-byte aligned is copied through registers). The caller commits and waits.
+template <class RowOff>
+__device__ void gather_rows_async(float* sdst, int ldd, const float* src, int rows, int cols, RowOff rowoff) {
+  each(rows, cols >> 2, [&](int r, int q) {
+    const long long off = rowoff(r);
+    float* d = sdst + r * ldd + 4 * q;
+    const float* p = src + off + 4 * q;
+    if (off < 0) *reinterpret_cast<float4*>(d) = make_float4(0.f, 0.f, 0.f, 0.f);
+    else if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) __pipeline_memcpy_async(d, p, 16);
+    else *reinterpret_cast<float4*>(d) = load4(p);
+  });
+}
 template <class RowOff>
 __device__ void scatter_rows(float* dst, const float* src, int lds, int rows, int cols, bool accumulate, RowOff rowoff) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2;
@@ -253,6 +318,7 @@ struct Args {
   bool accumulate;
   // Per chunk ch = bh * NC + c (the workspace):
   float *Kc, *Qc, *W, *U, *Tm, *beta;  // [ch][64][Dk], [ch][Rp][Dk], [ch][64][Dk], [ch][64][Dv], [ch][64][64], [ch][64]
+  float* Pm;                            // [ch][Rp][64]: (Q K^T) . exp(G_row - G_j), masked to j <= row (no scale)
   double* G;                            // [ch][64]
   float *dS, *dUt;                      // backward: [ch][Dk][Dv] (dL/dS after the chunk), [ch][64][Dv]
   // The checkpoints (delta_rule_gpu_chunked_ckpt_size): states [bh][NC+1][Dk][Dv], then U~ [ch][64][Dv].
@@ -367,6 +433,15 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
     }
   }
   __syncthreads();
+  // P = (Q K^T) . exp(G_row - G_j) for j <= row (the reading event of query row r), else 0, kept for
+  // the output, dstate and grad kernels (the queries were written to Qc above by this block).
+  mm<false, true, PRECISE>(As, kLdE, a.Qc + ch * size_t(a.Rp) * Dk, Dk, X, ldx, a.Rp, kE, Dk, 1.f);
+  __syncthreads();
+  float* Pg = a.Pm + ch * size_t(a.Rp) * kE;
+  each(a.Rp, kE, [&](int r, int j) {
+    const int row = r * a.nh + a.nh - 1;
+    Pg[r * kE + j] = row_ok(a, c, r) && j <= row ? As[r * kLdE + j] * expf(float(G[row] - G[j])) : 0.f;
+  });
   each(kE, Dk, [&](int i, int col) { X[i * ldx + col] *= beta[i] * gam[i]; });
   __syncthreads();
   mm<false, false, PRECISE>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
@@ -390,11 +465,12 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
   float* S = sm;                  // [Dk][ldS]
   float* Us = S + Dk * ldS;       // [64][ldS]
   float* stages = Us + kE * ldS;  // 2 x (W [64][ldK] | K [64][ldK] | U [64][ldS])
-  __shared__ double G[kE];
+  __shared__ __align__(16) double G[2][kE];
   __shared__ float gam[kE], D[kE];
   auto issue = [&](int c) {
     float* st = stages + (c & 1) * stage_floats;
     const size_t ch = size_t(bh) * a.NC + c;
+    if (threadIdx.x < kE / 2) __pipeline_memcpy_async(G[c & 1] + 2 * threadIdx.x, a.G + ch * kE + 2 * threadIdx.x, 16);
     copy_async(st, ldK, a.W + ch * kE * Dk, Dk, kE, Dk);
     copy_async(st + kE * ldK, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
     copy_async(st + 2 * kE * ldK, ldS, a.U + ch * kE * Dv + c0, Dv, kE, BV);
@@ -410,9 +486,13 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
     __pipeline_commit();
     float* st = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
     copy_tile(st + c0, Dv, S, ldS, Dk, BV);
-    load_decays(a, ch, G, gam, D);
     __pipeline_wait_prior(1);
     __syncthreads();
+    if (threadIdx.x < kE) {
+      const double* g = G[c & 1];
+      gam[threadIdx.x] = expf(float(g[threadIdx.x]));
+      D[threadIdx.x] = expf(float(g[kE - 1] - g[threadIdx.x]));
+    }
     const float* Ws = stages + (c & 1) * stage_floats;
     const float* Ks = Ws + kE * ldK;
     const float* Ub = Ks + kE * ldK;
@@ -434,19 +514,6 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
   if (fin) copy_tile(fin + c0, Dv, S, ldS, Dk, BV);
 }
 
-// P = scale (Q K^T) . exp(G_row - G_j) for j <= row (the reading event of row r), else 0; Q [Rp][ldq]
-// and K [64][ldk] staged in shared memory.
-template <bool PRECISE>
-__device__ void form_p(const Args& a, int c, const float* Q, const float* K, int ld, float* Ps, const double* G) {
-  mm<false, true, PRECISE>(Ps, kLdE, Q, ld, K, ld, a.Rp, kE, a.Dk, 1.f);
-  __syncthreads();
-  each(a.Rp, kE, [&](int r, int j) {
-    const int row = r * a.nh + a.nh - 1;
-    float& p = Ps[r * kLdE + j];
-    p = row_ok(a, c, r) && j <= row ? p * a.scale * expf(float(G[row] - G[j])) : 0.f;
-  });
-}
-
 // ---- output: one block per (chunk, bh, column block) ----
 template <bool PRECISE>
 __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
@@ -455,26 +522,25 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   const int c0 = blockIdx.z * BV, Dk = a.Dk, Dv = a.Dv, ldK = Dk + 4;
   const size_t ch = size_t(bh) * a.NC + c;
   float* Qs = sm;                   // [Rp][ldK]
-  float* Ks = Qs + a.Rp * ldK;      // [64][ldK]
-  float* S0 = Ks + kE * ldK;        // [Dk][ldS]
+  float* S0 = Qs + a.Rp * ldK;      // [Dk][ldS]
   float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
   float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
   float* Os = Ps + a.Rp * kLdE;     // [Rp][ldS]
   __shared__ double G[kE];
   __shared__ float gam[kE], D[kE];
   copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
-  copy_async(Ks, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
   copy_async(S0, ldS, a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, Dk, BV);
   copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
+  copy_async(Ps, kLdE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
   __pipeline_commit();
   load_decays(a, ch, G, gam, D);
   __pipeline_wait_prior(0);
   __syncthreads();
   mm<false, false, PRECISE>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
-  form_p<PRECISE>(a, c, Qs, Ks, ldK, Ps, G);  // (its barrier also orders Os)
-  each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f; });
   __syncthreads();
-  mm<false, false, PRECISE>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, 1.f, Os, ldS, 1.f);
+  each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
+  __syncthreads();
+  mm<false, false, PRECISE>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
   __syncthreads();
   scatter_rows(a.o, Os, ldS, a.Rp, BV, false, [&](int r) {
     const long long o = out_row(a, b, h, c, r);
@@ -483,11 +549,15 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
 }
 
 // ---- dstate: one block per (column block, bh), chunks in reverse ----
+// Each operand buffer is refilled for the next chunk (in walk order) by cp.async as soon as the
+// chunk's last product with it is done, one group per buffer in the order the products use them
+// (K and G; P; Q and dO; W), so the copies run while the chunk computes and every wait below is
+// for a group committed two or three groups before.
 template <bool PRECISE>
 __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4, c0 = blockIdx.x * BV;
-  const int Dk = a.Dk, Dv = a.Dv, ldK = Dk + 4;
+  const int Dk = a.Dk, Dv = a.Dv, ldK = Dk + 4, tid = threadIdx.x;
   float* dS = sm;                   // [Dk][ldS]
   float* Ps = dS + Dk * ldS;        // [Rp][kLdE]
   float* dO = Ps + a.Rp * kLdE;     // [Rp][ldS]
@@ -495,37 +565,66 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
   float* Ks = dU + kE * ldS;        // [64][ldK]
   float* Qs = Ks + kE * ldK;        // [Rp][ldK]
   float* Ws = Qs + a.Rp * ldK;      // [64][ldK]
-  __shared__ double G[kE];
+  __shared__ __align__(16) double G[kE];
   __shared__ float gam[kE], D[kE];
-  each(Dk, ldS, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
-  for (int c = a.NC - 1; c >= 0; --c) {
-    const size_t ch = size_t(bh) * a.NC + c;
-    __syncthreads();
-    copy_async(Ks, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
-    copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
-    copy_async(Ws, ldK, a.W + ch * kE * Dk, Dk, kE, Dk);
+  auto chunk = [&](int c) { return size_t(bh) * a.NC + c; };
+  auto issue_k = [&](int c) {
+    if (c >= 0) {
+      copy_async(Ks, ldK, a.Kc + chunk(c) * kE * Dk, Dk, kE, Dk);
+      if (tid < kE / 2) __pipeline_memcpy_async(G + 2 * tid, a.G + chunk(c) * kE + 2 * tid, 16);
+    }
     __pipeline_commit();
-    float* dst = a.dS + ch * Dk * Dv;
-    copy_tile(dst + c0, Dv, dS, ldS, Dk, BV);
-    gather_rows(dO, ldS, nullptr, a.dout, a.Rp, BV, [&](int r) {
-      const long long o = out_row(a, b, h, c, r);
-      return o < 0 ? o : o + c0;
-    });
-    load_decays(a, ch, G, gam, D);
-    __pipeline_wait_prior(0);
+  };
+  auto issue_p = [&](int c) {
+    if (c >= 0) copy_async(Ps, kLdE, a.Pm + chunk(c) * a.Rp * kE, kE, a.Rp, kE);
+    __pipeline_commit();
+  };
+  auto issue_q = [&](int c) {
+    if (c >= 0) {
+      copy_async(Qs, ldK, a.Qc + chunk(c) * a.Rp * Dk, Dk, a.Rp, Dk);
+      gather_rows_async(dO, ldS, a.dout, a.Rp, BV, [&](int r) {
+        const long long o = out_row(a, b, h, c, r);
+        return o < 0 ? o : o + c0;
+      });
+    }
+    __pipeline_commit();
+  };
+  auto issue_w = [&](int c) {
+    copy_async(Ws, ldK, a.W + chunk(c) * kE * Dk, Dk, kE, Dk);
+    __pipeline_commit();
+  };
+  each(Dk, ldS, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
+  issue_k(a.NC - 1);
+  issue_p(a.NC - 1);
+  issue_q(a.NC - 1);
+  for (int c = a.NC - 1; c >= 0; --c) {
+    const size_t ch = chunk(c);
+    __syncthreads();  // the chunk before is done: dS is final, Ws free
+    issue_w(c);
+    copy_tile(a.dS + ch * Dk * Dv + c0, Dv, dS, ldS, Dk, BV);
+    __pipeline_wait_prior(3);  // K, G
     __syncthreads();
+    if (tid < kE) {
+      gam[tid] = expf(float(G[tid]));
+      D[tid] = expf(float(G[kE - 1] - G[tid]));
+    }
     mm<false, false, PRECISE>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
-    form_p<PRECISE>(a, c, Qs, Ks, ldK, Ps, G);  // (its barrier also orders dU)
+    __syncthreads();
+    issue_k(c - 1);
     each(kE, BV, [&](int i, int col) { dU[i * ldS + col] *= D[i]; });
+    __pipeline_wait_prior(2);  // P, Q, dO
     __syncthreads();
-    mm<true, false, PRECISE>(dU, ldS, Ps, kLdE, dO, ldS, kE, BV, a.Rp, 1.f, dU, ldS, 1.f);  // += P^T dO
+    mm<true, false, PRECISE>(dU, ldS, Ps, kLdE, dO, ldS, kE, BV, a.Rp, a.scale, dU, ldS, 1.f);  // += scale P^T dO
     __syncthreads();
-    float* du = a.dUt + ch * kE * Dv;
-    copy_tile(du + c0, Dv, dU, ldS, kE, BV);
+    issue_p(c - 1);
+    copy_tile(a.dUt + ch * kE * Dv + c0, Dv, dU, ldS, kE, BV);
     each(a.Rp, BV, [&](int r, int col) { dO[r * ldS + col] *= row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f; });
     __syncthreads();
     // dS0 = gamma_63 dS + scale Q^T diag(gamma) dO - W^T dU~
     mm<true, false, PRECISE>(dS, ldS, Qs, ldK, dO, ldS, Dk, BV, a.Rp, 1.f, dS, ldS, gam[kE - 1]);
+    __syncthreads();
+    issue_q(c - 1);
+    __pipeline_wait_prior(3);  // W
     __syncthreads();
     mm<true, false, PRECISE>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
   }
@@ -554,8 +653,8 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   float* bK = sm;                // [64][ldK] dK
   float* bQ = bK + kE * ldK;     // [64][ldK] dQ (Rp rows), then dW, then dY... (see below)
   float* bO = bQ + kE * ldK;     // [64][ldV] dO (Rp rows), then dX
-  float* bT = bO + kE * ldV;     // [64][ldX] K dS, then dY
-  float* P1 = bT + kE * ldX;     // [64][kLdE] Q K^T, then K K^T
+  float* bT = bO + kE * ldV;     // [64][ldX] U~ (staged), then dU~ (staged), then dY
+  float* P1 = bT + kE * ldX;     // [64][kLdE] P (Rp rows, staged), then K K^T
   float* P2 = P1 + kE * kLdE;    // [64][kLdE] dP, then dM, then F
   float* Ks = P2 + kE * kLdE;    // [64][ldK] the chunk's keys (staged)
   float* Ts = Ks + kE * ldK;     // [64][kLdE] Tinv (staged)
@@ -568,6 +667,8 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   const float* dUt = a.dUt + ch * kE * Dv;
   copy_async(Ks, ldK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
   copy_async(Ts, kLdE, a.Tm + ch * kE * kE, kE, kE, kE);
+  copy_async(P1, kLdE, a.Pm + ch * Rp * kE, kE, Rp, kE);
+  copy_async(bT, ldX, Ut, Dv, kE, Dv);
   __pipeline_commit();
   const float* Qc = a.Qc + ch * Rp * Dk;
   const bool gated = a.g != nullptr;
@@ -588,17 +689,21 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
     dGL = gam[kE - 1] * block_sum(part, red);
   }
-  mm<false, true, PRECISE>(bK, ldK, Ut, Dv, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
-  if (gated) mm<false, false, PRECISE>(bT, ldX, Ks, ldK, dS, Dv, kE, Dv, Dk, 1.f);  // K dS (for dG only)
-  mm<false, true, PRECISE>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
+  mm_b<false, true, PRECISE>(bK, ldK, bT, ldX, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
+  mm_b<false, true, PRECISE>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
   __syncthreads();
-  each(kE, Dk, [&](int i, int col) { bK[i * ldK + col] *= D[i]; });
-  // dd_i = (K dS)_i . u~_i: D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
-  if (gated) {
+  // dK = diag(D) U~ dS^T. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read before the
+  // scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
+  {
     float gl_part = 0.f;
     for (int i = warp; i < kE; i += kWarps) {
       float dd = 0.f;
-      for (int col = lane; col < Dv; col += 32) dd += bT[i * ldX + col] * Ut[size_t(i) * Dv + col];
+      for (int col = lane; col < Dk; col += 32) {
+        float& x = bK[i * ldK + col];
+        if (gated) dd += x * Ks[i * ldK + col];
+        x *= D[i];
+      }
+      if (!gated) continue;
 #pragma unroll
       for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
       if (tok[kE - 1] != tok[i]) {
@@ -606,7 +711,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
         gl_part += dd * D[i];
       }
     }
-    dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
+    if (gated) dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
   }
   // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
   for (int r = warp; r < Rp; r += kWarps) {
@@ -622,10 +727,12 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     if (lane == 0 && row_ok(a, c, r)) dG[r * a.nh + a.nh - 1] += acc;
   }
   __syncthreads();
-  // P (decayed, without scale) and dP = scale dO U~^T.
-  mm<false, true, PRECISE>(P1, kLdE, Qc, Dk, Ks, ldK, Rp, kE, Dk, 1.f);
-  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, Ut, Dv, Rp, kE, Dv, a.scale);
+  // dP = scale dO U~^T (P, decayed and masked without scale, is in P1). Then dU~ is staged where
+  // U~ was.
+  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, bT, ldX, Rp, kE, Dv, a.scale);
   __syncthreads();
+  copy_async(bT, ldX, dUt, Dv, kE, Dv);
+  __pipeline_commit();
   // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token); dP becomes
   // d(Q K^T) = dP . decay, masked. P1 keeps e.
   each(Rp, kE, [&](int r, int j) {
@@ -636,9 +743,8 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
       dp = p = 0.f;
       return;
     }
-    const float dec = expf(float(G[i] - G[j]));
-    p = (gated && j < i && tok[i] != tok[j]) ? dp * p * dec : 0.f;
-    dp *= dec;
+    p = (gated && j < i && tok[i] != tok[j]) ? dp * p : 0.f;
+    dp *= expf(float(G[i] - G[j]));
   });
   __syncthreads();
   if (gated && tid < kE) {  // row sums to the reading event, column sums from the key's event
@@ -649,21 +755,22 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     dG[tid] += s;
   }
   mm<false, false, PRECISE>(bQ, ldK, P2, kLdE, Ks, ldK, Rp, Dk, kE, 1.f, bQ, ldK, 1.f);  // dQ += dP K
-  mm<true, false, PRECISE>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
+  mm_b<true, false, PRECISE>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
   __syncthreads();
   scatter_rows(a.dq, bQ, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
+  __pipeline_wait_prior(0);
   __syncthreads();
   // U~ = U - W S0: dW = -dU~ S0^T. Then dX = Tinv^T dU~, dY = Tinv^T dW.
-  mm<false, true, PRECISE>(bQ, ldK, dUt, Dv, S0, Dv, kE, Dk, Dv, -1.f);
-  mm<true, false, PRECISE>(bO, ldV, Ts, kLdE, dUt, Dv, kE, Dv, kE, 1.f);
+  mm_b<false, true, PRECISE>(bQ, ldK, bT, ldX, S0, Dv, kE, Dk, Dv, -1.f);
+  mm<true, false, PRECISE>(bO, ldV, Ts, kLdE, bT, ldX, kE, Dv, kE, 1.f);
   __syncthreads();
   mm<true, false, PRECISE>(bT, ldX, Ts, kLdE, bQ, ldK, kE, Dk, kE, 1.f);
   __syncthreads();
   // dM = -(dX U^T + dY W^T) (the strictly lower part is used).
-  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, a.U + ch * kE * Dv, Dv, kE, kE, Dv, -1.f);
+  mm_b<false, true, PRECISE>(P2, kLdE, bO, ldV, a.U + ch * kE * Dv, Dv, kE, kE, Dv, -1.f);
   mm<false, true, PRECISE>(P1, kLdE, Ks, ldK, Ks, ldK, kE, kE, Dk, 1.f);  // K K^T
   __syncthreads();
-  mm<false, true, PRECISE>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
+  mm_b<false, true, PRECISE>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
   // Per event: dv = beta dX; dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
   for (int i = warp; i < kE; i += kWarps) {
     float dvd = 0.f, dkd = 0.f;
@@ -766,7 +873,7 @@ size_t state_smem(const DeltaRuleDims& d, const Geometry& g) {
   return ((size_t(d.Dk) + kE) * (g.BV + 4) + 2 * (2 * size_t(kE) * (d.Dk + 4) + size_t(kE) * (g.BV + 4))) * 4;
 }
 size_t output_smem(const DeltaRuleDims& d, const Geometry& g) {
-  return (size_t(g.Rp + kE) * (d.Dk + 4) + size_t(d.Dk + kE + g.Rp) * (g.BV + 4) + size_t(g.Rp) * kLdE) * 4;
+  return (size_t(g.Rp) * (d.Dk + 4) + size_t(d.Dk + kE + g.Rp) * (g.BV + 4) + size_t(g.Rp) * kLdE) * 4;
 }
 size_t dstate_smem(const DeltaRuleDims& d, const Geometry& g) {
   return (size_t(d.Dk) * (g.BV + 4) + size_t(g.Rp) * kLdE + size_t(g.Rp + kE) * (g.BV + 4) +
@@ -815,18 +922,20 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   const size_t nch = size_t(d.B) * d.H * gm.NC, Dk = d.Dk, Dv = d.Dv;
   const size_t sizes[] = {nch * kE * Dk, nch * gm.Rp * Dk, nch * kE * Dk, nch * kE * Dv, nch * kE * kE, nch * kE,
                           nch * kE * 2 /* G, doubles */, backward ? nch * Dk * Dv : 0, backward ? nch * kE * Dv : 0,
-                          ckpt ? 0 : delta_rule_gpu_chunked_ckpt_size(d)};
+                          ckpt ? 0 : delta_rule_gpu_chunked_ckpt_size(d), nch * gm.Rp * kE};
   size_t total = 0;
   for (size_t s : sizes) total += up64(s);
   float* w = workspace().get(total);
-  float* ptr[10];
-  for (int i = 0; i < 10; ++i) {
+  constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+  float* ptr[n];
+  for (int i = 0; i < n; ++i) {
     ptr[i] = w;
     w += up64(sizes[i]);
   }
   a.Kc = ptr[0], a.Qc = ptr[1], a.W = ptr[2], a.U = ptr[3], a.Tm = ptr[4], a.beta = ptr[5];
   a.G = reinterpret_cast<double*>(ptr[6]);
   a.dS = ptr[7], a.dUt = ptr[8];
+  a.Pm = ptr[10];
   float* ck = ckpt ? ckpt : ptr[9];
   a.states = ck;
   a.Ut = ck + size_t(d.B) * d.H * (gm.NC + 1) * Dk * Dv;
