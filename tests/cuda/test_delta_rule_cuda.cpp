@@ -472,7 +472,7 @@ void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::Delta
 }
 
 // Every kernel family carries a state: the chunked form (forced, and by its own choice at head
-// dim 128 and T >= 256), the tiled recurrent kernels (head dims 64 and 100, which the chunked form
+// dim 128 and T >= 128), the tiled recurrent kernels (head dims 64 and 100, which the chunked form
 // does not take; DeltaProduct), the lane kernels (head dim 32), and a single token (generation).
 TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
   LRNN_REQUIRE_GPU();

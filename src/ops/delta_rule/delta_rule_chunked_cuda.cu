@@ -1001,18 +1001,19 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
          grad_smem(d) <= dynamic_smem_limit<grad_kernel<false>>();
 }
 
-// Measured on one H100 in one run (gpu-check's kernel section: tests/cuda
-// DeltaRuleCuda.DISABLED_Timing), forward + backward in microseconds, recurrent (tiled) vs chunked:
-//   head dim 128, B 8 x H 8:  T 64: 208 vs 298;  T 128: 422 vs 392;  T 256: 833 vs 741;
-//                             T 512: 1654 vs 1464;  T 2048: 6576 vs 5715
-//   T 2048 with a forget gate: 12995 vs 6476;  n_h 2 (gated): 18679 vs 11209;  n_h 3: 24618 vs 16694
-//   B 8 x H 16, T 4096: 24044 vs 22112
-//   head dim 64, B 8 x H 16, T 512: no gate 1160 vs 1348;  gate 1556 vs 1486;  n_h 2, gate 2275 vs 2571
-// So the chunked form from T = 256 at head dims of 128 and more (1.1x without a gate, 1.5-2x with
-// one or with sub-steps, where the recurrent backward rebuilds states inside every chunk); at head
-// dim 64 the two are within 15% either way and the recurrent kernels stay.
+// Measured on one H100 in one run (2026-11-28, at 1cf130a: `SECTIONS=kernel scripts/gpu-run.sh`,
+// tests/cuda DeltaRuleCuda.DISABLED_Timing), forward + backward in microseconds, recurrent (tiled)
+// vs chunked:
+//   head dim 128, B 8 x H 8:  T 64: 207 vs 270;  T 128: 416 vs 345;  T 256: 822 vs 621;
+//                             T 512: 1634 vs 1229;  T 2048: 6501 vs 4803
+//   T 2048 with a forget gate: 12991 vs 5309;  n_h 2 (gated): 18676 vs 9012;  n_h 3: 24569 vs 13376
+//   B 8 x H 16, T 4096: 24000 vs 18629
+//   head dim 64, B 8 x H 16, T 512: no gate 1156 vs 1288;  gate 1554 vs 1390;  n_h 2, gate 2275 vs 2331
+// So the chunked form from T = 128 at head dims of 128 and more (1.2-1.4x without a gate, 2-2.4x
+// with one or with sub-steps, where the recurrent backward rebuilds states inside every chunk); at
+// head dim 64 the two are within 12% either way and the recurrent kernels stay.
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
-  return delta_rule_chunked_cuda_applies(d) && d.T >= 256 && std::min(d.Dk, d.Dv) >= 128;
+  return delta_rule_chunked_cuda_applies(d) && d.T >= 128 && std::min(d.Dk, d.Dv) >= 128;
 }
 
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,

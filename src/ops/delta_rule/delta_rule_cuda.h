@@ -14,7 +14,7 @@ void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, fl
                          const DeltaRuleDims& d, const float* ckpt = nullptr, bool accumulate = true);
 
 // Which kernels run. Auto: the chunked form on tensor cores where it pays
-// (delta_rule_chunked_cuda_pays: T >= 256 at head dims >= 128), else the lane kernels (one
+// (delta_rule_chunked_cuda_pays: T >= 128 at head dims >= 128), else the lane kernels (one
 // warp per (b,h), a state column per lane) where they apply (Dk <= 32 and Dv <= 32), else the
 // tiled kernels. Tiled / Chunked: always those (the tests check every path on the same shapes).
 // Process-wide; not for concurrent use.
