@@ -673,3 +673,87 @@ TEST(DeltaRuleCuda, DISABLED_Timing) {
 }
 
 }  // namespace
+
+namespace {
+
+// Packed sequences (cu_seqlens): the CUDA op against the CPU's on one packed row — outputs,
+// checkpoints' use by the backward, every gradient (accumulated, and recomputed without
+// checkpoints) and a carried state per sequence — with every product in fp32. The lengths give
+// an empty sequence, one token, short sequences on the recurrent kernels and, at head dim 128,
+// two long enough for the chunked form (T >= 128), one of them not a multiple of its chunk.
+TEST(DeltaRuleCuda, PackedSequences) {
+  LRNN_REQUIRE_GPU();
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::FP32);
+  const std::vector<int64_t> cu = {0, 5, 5, 200, 201, 331};  // lengths 5, 0, 195, 1, 130
+  const int N = int(cu.size()) - 1;
+  struct Case {
+    int D, nh;
+    bool gate;
+  };
+  for (const Case c : {Case{128, 1, false}, Case{128, 1, true}, Case{32, 2, true}}) {
+    SCOPED_TRACE("head dim " + std::to_string(c.D) + " n_h " + std::to_string(c.nh) + (c.gate ? " gate" : ""));
+    Opts o;
+    o.gate = c.gate, o.seed = uint64_t(c.D + c.nh + c.gate);
+    const Problem p(dims(1, int(cu.back()), 2, c.D, c.D, c.nh, EigenRange::Signed), o);
+    const DeltaRuleDims& d = p.d;
+    const size_t no = p.N * d.H * d.Dv;
+    const float* gh = c.gate ? p.g.data() : nullptr;
+    std::vector<float> o_ref(no), ck_ref(lrnn::ops::delta_rule_varlen_ckpt_size(d, cu.data(), N));
+    lrnn::ops::delta_rule_forward_varlen<float>(o_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                                p.b(p.x.data()), gh, d, cu.data(), N, ck_ref.data());
+    std::vector<float> gx_ref = p.gx, gg_ref = p.gg;
+    float* gr = gx_ref.data();
+    lrnn::ops::delta_rule_backward_varlen<float>(gr + p.off_q, gr + p.off_k, gr + p.off_v, gr + p.off_b,
+                                                 c.gate ? gg_ref.data() : nullptr, p.dout.data(), p.q(p.x.data()),
+                                                 p.k(p.x.data()), p.v(p.x.data()), p.b(p.x.data()), gh, d,
+                                                 cu.data(), N, ck_ref.data());
+
+    auto x = to_device(p.x), dout = to_device(p.dout), g = to_device(c.gate ? p.g : std::vector<float>(1));
+    const float* gd = c.gate ? g.data() : nullptr;
+    Buffer<float> out(no), ck(lrnn::ops::cuda::delta_rule_varlen_ckpt_size(d, c.gate, cu.data(), N));
+    lrnn::ops::cuda::delta_rule_forward_varlen(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()),
+                                               p.b(x.data()), gd, d, cu.data(), N, ck.data());
+    lrnn::cuda::synchronize();
+    near(out.download(), o_ref, 1e-4, "packed forward o");
+    for (const bool with_ckpt : {true, false}) {
+      SCOPED_TRACE(with_ckpt ? "backward with checkpoints" : "backward without checkpoints");
+      auto gx = to_device(p.gx), gg = to_device(c.gate ? p.gg : std::vector<float>(1));
+      lrnn::ops::cuda::delta_rule_backward_varlen(gx.data() + p.off_q, gx.data() + p.off_k, gx.data() + p.off_v,
+                                                  gx.data() + p.off_b, c.gate ? gg.data() : nullptr, dout.data(),
+                                                  p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
+                                                  cu.data(), N, with_ckpt ? ck.data() : nullptr);
+      lrnn::cuda::synchronize();
+      near(gx.download(), gx_ref, 1e-4, "packed dq|dk|dv|dbeta_logit");
+      if (c.gate) near(gg.download(), gg_ref, 1e-4, "packed dg");
+    }
+    // A carried state per sequence (inference): each starts from its own and receives its last.
+    const size_t SS = size_t(d.H) * d.Dk * d.Dv;
+    std::vector<float> s0 = randn(N * SS, o.seed, 0.3, 9), s_ref = s0, os_ref(no);
+    lrnn::ops::delta_rule_forward_varlen<float>(os_ref.data(), p.q(p.x.data()), p.k(p.x.data()), p.v(p.x.data()),
+                                                p.b(p.x.data()), gh, d, cu.data(), N, nullptr, s_ref.data());
+    auto st = to_device(s0);
+    lrnn::ops::cuda::delta_rule_forward_varlen(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()),
+                                               p.b(x.data()), gd, d, cu.data(), N, nullptr, st.data());
+    lrnn::cuda::synchronize();
+    near(out.download(), os_ref, 1e-4, "packed outputs from carried states");
+    near(st.download(), s_ref, 1e-4, "each sequence's state after it (the empty one's unchanged)");
+  }
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
+}
+
+// Bad cu_seqlens are refused before any kernel runs.
+TEST(DeltaRuleCuda, PackedSequencesRefuseBadOffsets) {
+  const DeltaRuleDims d = dims(1, 10, 1, 32, 32, 1, EigenRange::Signed);
+  const std::vector<int64_t> short_end = {0, 4, 9}, decreasing = {0, 6, 4, 10}, not_zero = {1, 10};
+  EXPECT_THROW(lrnn::ops::cuda::delta_rule_varlen_ckpt_size(d, false, short_end.data(), 2), lrnn::Error);
+  EXPECT_THROW(lrnn::ops::cuda::delta_rule_varlen_ckpt_size(d, false, decreasing.data(), 3), lrnn::Error);
+  EXPECT_THROW(lrnn::ops::cuda::delta_rule_forward_varlen(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, d,
+                                                          not_zero.data(), 1),
+               lrnn::Error);
+  DeltaRuleDims two_rows = d;
+  two_rows.B = 2;
+  const std::vector<int64_t> ok = {0, 10};
+  EXPECT_THROW(lrnn::ops::cuda::delta_rule_varlen_ckpt_size(two_rows, false, ok.data(), 1), lrnn::Error);
+}
+
+}  // namespace

@@ -80,6 +80,28 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
 // length), one after the other; their checkpoints lie back to back in `ckpt`
 // (delta_rule_varlen_ckpt_size elements).
 size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N);
+// Checks cu_seqlens against d (B = 1, 0 .. T, non-decreasing); throws with the reason.
+void check_varlen(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N);
+// Sequence i of a packed row: its dims (B = 1, T = its length, the row's token strides) and the
+// element offsets of its first token in each operand (q, k, v, beta_logit, g, o and their grads).
+struct VarlenPiece {
+  DeltaRuleDims d;
+  size_t q, k, v, b, g, o;
+};
+VarlenPiece varlen_piece(const DeltaRuleDims& d, const int64_t* cu_seqlens, int i);
+// Checks cu_seqlens, then calls f(i, piece, ckpt_offset) for each non-empty sequence i in order,
+// with its checkpoints at ckpt_offset (the sizes, ckpt_size(piece.d), of those before it summed).
+template <class CkptSize, class F>
+void each_varlen_piece(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N, CkptSize ckpt_size, F f) {
+  check_varlen(d, cu_seqlens, N);
+  size_t c = 0;
+  for (int i = 0; i < N; ++i) {
+    const VarlenPiece p = varlen_piece(d, cu_seqlens, i);
+    if (p.d.T == 0) continue;  // an empty sequence: its state (if any) passes through
+    f(i, p, c);
+    c += ckpt_size(p.d);
+  }
+}
 template <class T>
 void delta_rule_forward_varlen(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                                const DeltaRuleDims& d, const int64_t* cu_seqlens, int N, T* ckpt = nullptr,

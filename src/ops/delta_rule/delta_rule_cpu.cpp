@@ -318,15 +318,8 @@ void delta_rule_backward_recurrent(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, c
 
 // ---- variable-length sequences packed in one row ----
 
-namespace {
-// Sequence i of a packed row: its dims (B = 1, T = its length, the row's token strides) and the
-// element offsets of its first token in each operand.
-struct Piece {
-  DeltaRuleDims d;
-  size_t q, k, v, b, g, o;
-};
-Piece piece(const DeltaRuleDims& d, const int64_t* cu, int i) {
-  Piece p{d, 0, 0, 0, 0, 0, 0};
+VarlenPiece varlen_piece(const DeltaRuleDims& d, const int64_t* cu, int i) {
+  VarlenPiece p{d, 0, 0, 0, 0, 0, 0};
   p.d.B = 1;
   p.d.T = int(cu[i + 1] - cu[i]);
   p.d.ldq = d.lq(), p.d.ldk = d.lk(), p.d.ldv = d.lv(), p.d.ldb = d.lb();
@@ -343,43 +336,35 @@ void check_varlen(const DeltaRuleDims& d, const int64_t* cu, int N) {
   for (int i = 0; i < N; ++i)
     LRNN_CHECK(cu[i + 1] >= cu[i], "delta rule varlen: cu_seqlens decreases at {} ({} -> {})", i, cu[i], cu[i + 1]);
 }
-}  // namespace
 
 size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, const int64_t* cu, int N) {
   check_varlen(d, cu, N);
   size_t n = 0;
-  for (int i = 0; i < N; ++i) n += delta_rule_ckpt_size(piece(d, cu, i).d);
+  for (int i = 0; i < N; ++i) n += delta_rule_ckpt_size(varlen_piece(d, cu, i).d);
   return n;
 }
 
 template <class T>
 void delta_rule_forward_varlen(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                                const DeltaRuleDims& d, const int64_t* cu, int N, T* ckpt, T* state) {
-  check_varlen(d, cu, N);
-  size_t c = 0;
-  for (int i = 0; i < N; ++i) {
-    const Piece p = piece(d, cu, i);
-    if (p.d.T == 0) continue;  // an empty sequence: its state (if any) passes through
-    delta_rule_forward(o + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b, g ? g + p.g : nullptr, p.d,
-                       ckpt ? ckpt + c : nullptr, state ? state + size_t(i) * d.H * d.Dk * d.Dv : nullptr);
-    c += delta_rule_ckpt_size(p.d);
-  }
+  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd); },
+                    [&](int i, const VarlenPiece& p, size_t c) {
+                      delta_rule_forward(o + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b, g ? g + p.g : nullptr,
+                                         p.d, ckpt ? ckpt + c : nullptr,
+                                         state ? state + size_t(i) * d.H * d.Dk * d.Dv : nullptr);
+                    });
 }
 
 template <class T>
 void delta_rule_backward_varlen(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q, const T* k,
                                 const T* v, const T* beta_logit, const T* g, const DeltaRuleDims& d,
                                 const int64_t* cu, int N, const T* ckpt, bool accumulate) {
-  check_varlen(d, cu, N);
-  size_t c = 0;
-  for (int i = 0; i < N; ++i) {
-    const Piece p = piece(d, cu, i);
-    if (p.d.T == 0) continue;
-    delta_rule_backward(dq + p.q, dk + p.k, dv + p.v, dbeta_logit + p.b, g ? dg + p.g : nullptr, dout + p.o, q + p.q,
-                        k + p.k, v + p.v, beta_logit + p.b, g ? g + p.g : nullptr, p.d, ckpt ? ckpt + c : nullptr,
-                        accumulate);
-    c += delta_rule_ckpt_size(p.d);
-  }
+  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd); },
+                    [&](int, const VarlenPiece& p, size_t c) {
+                      delta_rule_backward(dq + p.q, dk + p.k, dv + p.v, dbeta_logit + p.b, g ? dg + p.g : nullptr,
+                                          dout + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b,
+                                          g ? g + p.g : nullptr, p.d, ckpt ? ckpt + c : nullptr, accumulate);
+                    });
 }
 
 #define INST(T)                                                                              \

@@ -1313,4 +1313,36 @@ void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, fl
   if (tmp) LRNN_CUDA_CHECK(cudaFreeAsync(tmp, lrnn::cuda::stream()));
 }
 
+size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, bool gated, const int64_t* cu, int N) {
+  check_varlen(d, cu, N);
+  size_t n = 0;
+  for (int i = 0; i < N; ++i) n += delta_rule_ckpt_size(varlen_piece(d, cu, i).d, gated);
+  return n;
+}
+
+void delta_rule_forward_varlen(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
+                               const float* g, const DeltaRuleDims& d, const int64_t* cu, int N, float* ckpt,
+                               float* state) {
+  const bool gated = g != nullptr;
+  each_varlen_piece(d, cu, N, [&](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd, gated); },
+                    [&](int i, const VarlenPiece& p, size_t c) {
+                      delta_rule_forward(o + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b, g ? g + p.g : nullptr,
+                                         p.d, ckpt ? ckpt + c : nullptr,
+                                         state ? state + size_t(i) * d.H * d.Dk * d.Dv : nullptr);
+                    });
+}
+
+void delta_rule_backward_varlen(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
+                                const float* q, const float* k, const float* v, const float* beta_logit,
+                                const float* g, const DeltaRuleDims& d, const int64_t* cu, int N, const float* ckpt,
+                                bool accumulate) {
+  const bool gated = g != nullptr;
+  each_varlen_piece(d, cu, N, [&](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd, gated); },
+                    [&](int, const VarlenPiece& p, size_t c) {
+                      delta_rule_backward(dq + p.q, dk + p.k, dv + p.v, dbeta_logit + p.b, g ? dg + p.g : nullptr,
+                                          dout + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b,
+                                          g ? g + p.g : nullptr, p.d, ckpt ? ckpt + c : nullptr, accumulate);
+                    });
+}
+
 }  // namespace lrnn::ops::cuda

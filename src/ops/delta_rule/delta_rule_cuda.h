@@ -13,6 +13,21 @@ void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, fl
                          const float* q, const float* k, const float* v, const float* beta_logit, const float* g,
                          const DeltaRuleDims& d, const float* ckpt = nullptr, bool accumulate = true);
 
+// Variable-length sequences packed in one row: the contract of delta_rule.h's _varlen functions
+// (cu_seqlens on the host, d.B = 1, each sequence from a zero state or its own carried one). Each
+// sequence runs through the two functions above on offset pointers, one after the other, on the
+// kernels its own length picks; its checkpoints lie back to back in `ckpt`
+// (delta_rule_varlen_ckpt_size(d, gated, ...) elements: the layouts of those kernels). So a row
+// of many short documents costs a launch of each kernel per document.
+size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, bool gated, const int64_t* cu_seqlens, int N);
+void delta_rule_forward_varlen(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
+                               const float* g, const DeltaRuleDims& d, const int64_t* cu_seqlens, int N,
+                               float* ckpt = nullptr, float* state = nullptr);
+void delta_rule_backward_varlen(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
+                                const float* q, const float* k, const float* v, const float* beta_logit,
+                                const float* g, const DeltaRuleDims& d, const int64_t* cu_seqlens, int N,
+                                const float* ckpt = nullptr, bool accumulate = true);
+
 // Which kernels run. Auto: the chunked form on tensor cores where it pays
 // (delta_rule_chunked_cuda_pays: T >= 128 at head dims >= 128), else the lane kernels (one
 // warp per (b,h), a state column per lane) where they apply (Dk <= 32 and Dv <= 32), else the
