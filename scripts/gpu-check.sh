@@ -9,7 +9,7 @@
 # part of dist) and "dist-speed" check data parallelism on a machine with several GPUs; add
 # lm-train, lm-speed, lm-gen for the language-model checks below, which want data/shakespeare from
 # scripts/demo_lm.sh and, for the fla side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests
-# (a gtest filter, default all); BASE_PACK (with "kernel") times another pack's chunked form too.
+# (a gtest filter, default all); BASE_PACK="DIR ..." (with "kernel") times other packs' chunked forms too.
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -116,25 +116,27 @@ run_checks() {
     echo '```'
     echo
   } >>"$sum"
-  # BASE_PACK=DIR (another --pack, e.g. of the commit before a kernel change): its chunked form
-  # timed in the same run on the same GPU, the before of a before/after.
-  if [[ -n "${BASE_PACK:-}" ]]; then
-    local base
-    base=$(cd "$BASE_PACK" && pwd)
+  # BASE_PACK="DIR ..." (other --packs, e.g. of the commit before a kernel change, or variants of
+  # it): their chunked forms timed in the same run on the same GPU, the before of a before/after.
+  local base
+  for base in ${BASE_PACK:-}; do
+    base=$(cd "$base" && pwd)
     [[ -x "$base/tests/cuda_tests" ]] || xz -dc "$base/pack.tar.xz" | tar xf - -C "$base"
+    : >"$LOGS/kernel_base.log"
     for prof in LRNN_CUDA_PROFILE=0 LRNN_CUDA_PROFILE=1; do
       env "$prof" LRNN_TIMING_CHUNKED_ONLY=1 timeout 120 "$base/tests/cuda_tests" \
         --gtest_also_run_disabled_tests --gtest_filter='DeltaRuleCuda.DISABLED_Timing' 2>&1 |
         tee -a "$LOGS/kernel_base.log" || true
     done
+    cp "$LOGS/kernel_base.log" "$LOGS/kernel_base_$(basename "$base").log"
     {
-      echo "Baseline pack ($(cat "$base/COMMIT" 2>/dev/null || echo unknown)), same run: the chunked form, then each kernel:"
+      echo "Pack $(basename "$base") ($(cat "$base/COMMIT" 2>/dev/null || echo unknown)), same run: the chunked form, then each kernel:"
       echo '```'
       grep -E '^(B=|chunked|    delta)' "$LOGS/kernel_base.log" || true
       echo '```'
       echo
     } >>"$sum"
-  fi
+  done
   if [[ -z "${KERNEL_QUICK:-}" ]]; then
     timeout "${KERNEL_FLA_TIMEOUT:-300}" python3 bench/delta_rule_fla_gpu.py 2>&1 | tee "$LOGS/kernel_fla.log" || true
     { echo '```'; grep '^{' "$LOGS/kernel_fla.log" || true; echo '```'; echo; } >>"$sum"

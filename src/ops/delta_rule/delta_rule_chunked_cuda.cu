@@ -10,8 +10,10 @@
 //   W = Tinv diag(beta gamma) K,  U = Tinv diag(beta) V,  U~ = U - W S0
 //   o_r = scale (gamma_r S0^T q_r + sum_{j <= r} (q_r . k_j) exp(G_r - G_j) u~_j)  (reading events)
 //   S_next = gamma_63 S0 + K^T diag(exp(G_63 - G)) U~
-// Kernels (each a grid of thread blocks of 8 warps; every product is a 16x16x8 TF32 MMA from
-// nvcuda::wmma with fp32 accumulation, a warp computing 16 x 32 of the result at a time):
+// Kernels (each a grid of thread blocks of 16 warps, prep of 8; every product a tensor-core MMA
+// with fp32 accumulation on operands that stay fp32 in memory and are rounded as a warp loads
+// them: TF32 16x16x8 tiles from nvcuda::wmma, or bf16 mma.m16n8k16 (Mma below); a warp computes
+// a strip of up to 16 x 64 of the result at a time):
 //   prep     one block per chunk: gathers K, Q (zero-padded, contiguous), beta, G; forms A, the
 //            inverse Tinv (a forward substitution, one column per warp at a time, in fp32), W, U,
 //            and P = (Q K^T) . exp(G_r - G_j) masked to j <= r (without the scale), which the
@@ -34,14 +36,18 @@
 // Error analysis. Tinv is exact arithmetic's M^-1, computed in fp32 by substitution; its entries
 // are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
 // beta <= 2), so bounded, and beta up to 2 does not make them grow. Every matrix product rounds its
-// inputs to TF32 (10-bit mantissa, relative error 2^-11) and accumulates in fp32; the state,
-// Tinv and all accumulators stay fp32, and G sums in double (as on the CPU). The state is carried
-// from chunk to chunk by one product each, so the rounding grows with the number of chunks (T/64),
-// not tokens. With GemmPrecision::FP32 every product runs as three TF32 products (the operands
-// split into a TF32 part and a TF32 remainder: fp32-level accuracy), which is what the tests use
-// to compare against the CPU reference at fp32 tolerance; the TF32 error against an fp64 reference
-// is measured in tests/cuda/test_delta_rule_cuda.cpp against that of the recurrence run on
-// TF32-rounded inputs.
+// inputs to TF32 (10-bit mantissa, relative error 2^-11) or bf16 (8 bits, 2^-9) and accumulates in
+// fp32; the state, Tinv and all accumulators stay fp32 (only their copies read by a product are
+// rounded), and G sums in double (as on the CPU). The state is carried from chunk to chunk by one
+// product each, its old value added in fp32, so the rounding grows with the number of chunks
+// (T/64), not tokens. With GemmPrecision::FP32 every product runs as three TF32 products (the
+// operands split into a TF32 part and a TF32 remainder: fp32-level accuracy), which is what the
+// tests use to compare against the CPU reference at fp32 tolerance. The TF32 and bf16 errors
+// against an fp64 reference are measured in tests/cuda/test_delta_rule_cuda.cpp against those of
+// the fp64 recurrence run on q, k, v rounded the same way: on an H200 (T 1024, head dim 128,
+// beta in (0, 2), with and without a gate) 1.0-2.5x for TF32 and 0.9-2.0x for bf16, though the
+// kernels also round W, U, Tinv, P, the states and every gradient that a product reads.
+#include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
 #include <algorithm>
@@ -61,8 +67,16 @@ namespace {
 namespace wmma = nvcuda::wmma;
 constexpr int kE = kGpuChunkEvents;  // event rows per chunk (64)
 constexpr int kLdE = kE + 4;         // leading dimension of 64 x 64 tiles in shared memory
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+// Threads per block, per kernel (measured on an H200 in one run, B 8 x T 2048 x H 8, head dim 128,
+// bf16 products, 8 warps -> 16: grad 1339 -> 1183 us, dstate 579 -> 470, state 325 -> 271,
+// output 347 -> 318, prep 362 -> 496): 16 warps where a block is alone on its SM (the walks,
+// output, grad: 121-222 KB of shared memory each), so that twice the warps hide each other's
+// latency; 8 for prep, which holds two blocks per SM.
+constexpr int kPrepThreads = 256;
+constexpr int kThreads = 512;
+constexpr int kMaxWarps = kThreads / 32;
+// The warps of the running block (the helpers below serve blocks of either size).
+__device__ __forceinline__ int nwarps() { return blockDim.x >> 5; }
 constexpr unsigned kFull = 0xffffffffu;
 
 template <bool T_>
@@ -73,6 +87,13 @@ template <bool BT>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutOf<BT>>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 
+// What the products' inputs are rounded to (cuda::GemmPrecision picks): TF32 (10-bit mantissa,
+// 16x16x8 wmma tiles); fp32-level accuracy by three TF32 products (the operands split into a TF32
+// part and a TF32 remainder: al b + a bl + a b); bf16 (8-bit mantissa, mma.m16n8k16: twice the
+// TF32 rate and half its instructions per product, every pair of inputs converted by one cvt).
+// Accumulators are fp32 in all three.
+enum class Mma { Tf32, Fp32, Bf16 };
+
 // Rounds a fragment to TF32; PRECISE: the remainder (x - tf32(x), itself in TF32) goes to `lo`.
 template <bool PRECISE, class F>
 __device__ __forceinline__ void to_tf32(F& hi, F& lo) {
@@ -82,6 +103,17 @@ __device__ __forceinline__ void to_tf32(F& hi, F& lo) {
     hi.x[i] = h;
     if (PRECISE) lo.x[i] = wmma::__float_to_tf32(x - h);
   }
+}
+
+// acc += a b in TF32, or with PRECISE also the two remainder products first (al b + a bl: the
+// operands' TF32 remainders, see to_tf32), which gives fp32-level accuracy.
+template <bool PRECISE, class FA, class FB>
+__device__ __forceinline__ void mma_tf32(FragC& acc, const FA& a, const FA& al, const FB& b, const FB& bl) {
+  if (PRECISE) {
+    wmma::mma_sync(acc, al, b, acc);
+    wmma::mma_sync(acc, a, bl, acc);
+  }
+  wmma::mma_sync(acc, a, b, acc);
 }
 
 // Writes one accumulator tile: alpha acc + beta cin (cin's tile at the same place, if given).
@@ -99,110 +131,152 @@ __device__ __forceinline__ void put_tile(FragC& acc, float* out, int ldo, const 
   wmma::store_matrix_sync(out + size_t(m0) * ldo + n0, acc, ldo, wmma::mem_row_major);
 }
 
-// acc += a b in TF32, or with PRECISE also the two remainder products first (al b + a bl: the
-// operands' TF32 remainders, see to_tf32), which gives fp32-level accuracy.
-template <bool PRECISE, class FA, class FB>
-__device__ __forceinline__ void mma_tf32(FragC& acc, const FA& a, const FA& al, const FB& b, const FB& bl) {
-  if (PRECISE) {
-    wmma::mma_sync(acc, al, b, acc);
-    wmma::mma_sync(acc, a, bl, acc);
+// Two fp32 values as a bf16 pair (lo in the low half: the lower k index), rounded to nearest.
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// Elements k and k+1 of a row of an operand: adjacent (one 8-byte load) or `stride` apart.
+template <bool ADJACENT>
+__device__ __forceinline__ uint32_t k_pair(const float* p, int stride) {
+  if (ADJACENT) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    return bf16_pair(v.x, v.y);
   }
-  wmma::mma_sync(acc, a, b, acc);
+  return bf16_pair(p[0], p[stride]);
+}
+// d += a b on one 16 x 8 tile, k 16 (PTX ISA, mma.m16n8k16 with .bf16: lane = 4 g + t holds
+// a = rows g, g+8 x k 2t, 2t+1, 2t+8, 2t+9; b = k 2t, 2t+1, 2t+8, 2t+9 x column g; d = rows g, g+8
+// x columns 2t, 2t+1).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The strips of mm below, NT tiles of 16 x 16 wide, sharing each A fragment.
-template <int NT, bool AT, bool BT, bool PRECISE>
-__device__ void mm_strips(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
-                          float alpha, const float* cin, int ldc, float beta) {
-  const int warp = threadIdx.x >> 5, sn = N / (16 * NT), strips = (M >> 4) * sn;
-  for (int t = warp; t < strips; t += kWarps) {
-    const int m0 = (t / sn) << 4, n0 = (t % sn) * 16 * NT;
-    FragC acc[NT];
+// The blocks of mm below: a warp computes MT x NT tiles of 16 x 16 at a time, each fragment of A
+// shared over the NT tiles of its row and each of B over the MT tiles of its column.
+template <int MT, int NT, bool AT, bool BT, Mma MM>
+__device__ void mm_tiles(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
+                         float alpha, const float* cin, int ldc, float beta) {
+  const int warp = threadIdx.x >> 5, sn = N / (16 * NT), blocks = M / (16 * MT) * sn;
+  if constexpr (MM == Mma::Bf16) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+    for (int t = warp; t < blocks; t += nwarps()) {
+      const int m0 = (t / sn) * 16 * MT, n0 = (t % sn) * 16 * NT;
+      float acc[MT][2 * NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) wmma::fill_fragment(acc[j], 0.f);
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 2 * NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+      // op(A)(m, k) = A[m lda + k] (k adjacent) or A[k lda + m]; op(B)(k, n) = B[n ldb + k] or B[k ldb + n].
+      auto a_at = [&](int m, int k) { return AT ? k_pair<false>(A + size_t(k) * lda + m, lda) : k_pair<true>(A + size_t(m) * lda + k, 1); };
+      auto b_at = [&](int k, int n) { return BT ? k_pair<true>(B + size_t(n) * ldb + k, 1) : k_pair<false>(B + size_t(k) * ldb + n, ldb); };
 #pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      FragA<AT> a, al;
-      FragB<BT> b[NT], bl[NT];
-      wmma::load_matrix_sync(a, AT ? A + size_t(k0) * lda + m0 : A + size_t(m0) * lda + k0, lda);
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t a[MT][4], b[2 * NT][2];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int n = n0 + 16 * j;
-        wmma::load_matrix_sync(b[j], BT ? B + size_t(n) * ldb + k0 : B + size_t(k0) * ldb + n, ldb);
-      }
-      to_tf32<PRECISE>(a, al);
+        for (int i = 0; i < MT; ++i) {
+          const int m = m0 + 16 * i + g, k = k0 + t2;
+          a[i][0] = a_at(m, k), a[i][1] = a_at(m + 8, k), a[i][2] = a_at(m, k + 8), a[i][3] = a_at(m + 8, k + 8);
+        }
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        to_tf32<PRECISE>(b[j], bl[j]);
-        mma_tf32<PRECISE>(acc[j], a, al, b[j], bl[j]);
+        for (int j = 0; j < 2 * NT; ++j) b[j][0] = b_at(k0 + t2, n0 + 8 * j + g), b[j][1] = b_at(k0 + t2 + 8, n0 + 8 * j + g);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < 2 * NT; ++j) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
       }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 2 * NT; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const size_t r = m0 + 16 * i + g + 8 * h;
+            const int col = n0 + 8 * j + t2;
+            float2 v = make_float2(alpha * acc[i][j][2 * h], alpha * acc[i][j][2 * h + 1]);
+            if (cin) {
+              const float2 c = *reinterpret_cast<const float2*>(cin + r * ldc + col);
+              v.x += beta * c.x, v.y += beta * c.y;
+            }
+            *reinterpret_cast<float2*>(out + r * ldo + col) = v;
+          }
     }
+  } else {
+    constexpr bool PRECISE = MM == Mma::Fp32;
+    for (int t = warp; t < blocks; t += nwarps()) {
+      const int m0 = (t / sn) * 16 * MT, n0 = (t % sn) * 16 * NT;
+      FragC acc[MT][NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) put_tile(acc[j], out, ldo, cin, ldc, m0, n0 + 16 * j, alpha, beta);
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+#pragma unroll 2
+      for (int k0 = 0; k0 < K; k0 += 8) {
+        FragA<AT> a[MT], al[MT];
+        FragB<BT> b[NT], bl[NT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const int m = m0 + 16 * i;
+          wmma::load_matrix_sync(a[i], AT ? A + size_t(k0) * lda + m : A + size_t(m) * lda + k0, lda);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int n = n0 + 16 * j;
+          wmma::load_matrix_sync(b[j], BT ? B + size_t(n) * ldb + k0 : B + size_t(k0) * ldb + n, ldb);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) to_tf32<PRECISE>(a[i], al[i]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) to_tf32<PRECISE>(b[j], bl[j]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma_tf32<PRECISE>(acc[i][j], a[i], al[i], b[j], bl[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) put_tile(acc[i][j], out, ldo, cin, ldc, m0 + 16 * i, n0 + 16 * j, alpha, beta);
+    }
   }
 }
 
 // out[M x N] = alpha op(A) op(B) + beta cin, by all warps of the block. op(A) is M x K: A[m*lda + k],
 // or with AT A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with BT B[n*ldb + k]. M, N multiples of
-// 16, K of 8; pointers 32-byte aligned, leading dims multiples of 4. cin may be out (each tile reads
+// 16, K of 16; pointers 32-byte aligned, leading dims multiples of 4. cin may be out (each tile reads
 // only its own part of it), but A and B must not alias out. No barrier inside: the caller
 // synchronises around it.
-// A warp computes a strip of 16 x 32 (two tiles sharing the A fragment; 16 x 16 where N is not a
-// multiple of 32), the k loop unrolled by two: up to six fragment loads in flight per warp, which is
-// what hides the latency where an operand comes from global memory (L2).
-template <bool AT, bool BT, bool PRECISE>
+// A warp computes a strip of 16 x 64, 16 x 32 or 16 x 16 (the widest that still gives every warp
+// one), the tiles sharing the A fragment, the k loop unrolled by two: several fragment loads and
+// independent products in flight per warp, which is what hides their latency (one block per SM).
+template <bool AT, bool BT, Mma MM>
 __device__ void mm(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
                    float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
-  if ((N & 31) == 0) mm_strips<2, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
-  else mm_strips<1, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
-}
-
-// The strips of mm_b below, MT tiles of 16 x 16 tall, sharing each B fragment.
-template <int MT, bool AT, bool BT, bool PRECISE>
-__device__ void mm_cols(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
-                        float alpha, const float* cin, int ldc, float beta) {
-  const int warp = threadIdx.x >> 5, sm = M / (16 * MT), strips = sm * (N >> 4);
-  for (int t = warp; t < strips; t += kWarps) {
-    const int n0 = (t / sm) << 4, m0 = (t % sm) * 16 * MT;
-    FragC acc[MT];
-#pragma unroll
-    for (int j = 0; j < MT; ++j) wmma::fill_fragment(acc[j], 0.f);
-#pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      FragA<AT> a[MT], al[MT];
-      FragB<BT> b, bl;
-      wmma::load_matrix_sync(b, BT ? B + size_t(n0) * ldb + k0 : B + size_t(k0) * ldb + n0, ldb);
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const int m = m0 + 16 * j;
-        wmma::load_matrix_sync(a[j], AT ? A + size_t(k0) * lda + m : A + size_t(m) * lda + k0, lda);
-      }
-      to_tf32<PRECISE>(b, bl);
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        to_tf32<PRECISE>(a[j], al[j]);
-        mma_tf32<PRECISE>(acc[j], a[j], al[j], b, bl);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < MT; ++j) put_tile(acc[j], out, ldo, cin, ldc, m0 + 16 * j, n0, alpha, beta);
-  }
+  const int mt = M >> 4, nt = N >> 4;
+  if (nt % 4 == 0 && mt * (nt / 4) >= nwarps())
+    mm_tiles<1, 4, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else if (nt % 2 == 0 && mt * (nt / 2) >= nwarps())
+    mm_tiles<1, 2, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else
+    mm_tiles<1, 1, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
 }
 
 // mm for a B read from global memory (L2): a warp computes a strip 16 MT tall and 16 wide, sharing
 // each B fragment over its MT tiles, so that B is read MT times less often than by mm's strips
 // (which read it once per 16 rows). MT is the largest of 4, 2 that still gives every warp a strip;
 // where none does, mm.
-template <bool AT, bool BT, bool PRECISE>
+template <bool AT, bool BT, Mma MM>
 __device__ void mm_b(float* out, int ldo, const float* A, int lda, const float* B, int ldb, int M, int N, int K,
                      float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
   const int mt = M >> 4, nt = N >> 4;
-  if (mt % 4 == 0 && mt / 4 * nt >= kWarps)
-    mm_cols<4, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
-  else if (mt % 2 == 0 && mt / 2 * nt >= kWarps)
-    mm_cols<2, AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  if (mt % 4 == 0 && mt / 4 * nt >= nwarps())
+    mm_tiles<4, 1, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+  else if (mt % 2 == 0 && mt / 2 * nt >= nwarps())
+    mm_tiles<2, 1, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
   else
-    mm<AT, BT, PRECISE>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+    mm<AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -210,7 +284,7 @@ __device__ void mm_b(float* out, int ldo, const float* A, int lda, const float* 
 template <class F>
 __device__ __forceinline__ void each(int rows, int cols, F f) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = warp; r < rows; r += kWarps)
+  for (int r = warp; r < rows; r += nwarps())
     for (int c = lane; c < cols; c += 32) f(r, c);
 }
 
@@ -246,19 +320,19 @@ __device__ __forceinline__ void store4(float* p, float4 v) {
 template <class RowOff>
 __device__ void gather_rows(float* sdst, int ldd, float* gdst, const float* src, int rows, int cols, RowOff rowoff,
                             const float* rowscale = nullptr) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2;
-  for (int r0 = warp; r0 < rows; r0 += 4 * kWarps)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2, nw = nwarps();
+  for (int r0 = warp; r0 < rows; r0 += 4 * nw)
     for (int q = lane; q < c4; q += 32) {
       float4 v[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int r = r0 + u * kWarps;
+        const int r = r0 + u * nw;
         const long long off = r < rows ? rowoff(r) : -1;
         v[u] = off >= 0 ? load4(src + off + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int r = r0 + u * kWarps;
+        const int r = r0 + u * nw;
         if (r >= rows) break;
         float4 x = v[u];
         if (rowscale) {
@@ -285,21 +359,21 @@ __device__ void gather_rows_async(float* sdst, int ldd, const float* src, int ro
 }
 template <class RowOff>
 __device__ void scatter_rows(float* dst, const float* src, int lds, int rows, int cols, bool accumulate, RowOff rowoff) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2;
-  for (int r0 = warp; r0 < rows; r0 += 4 * kWarps)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2, nw = nwarps();
+  for (int r0 = warp; r0 < rows; r0 += 4 * nw)
     for (int q = lane; q < c4; q += 32) {
       float4 old[4];
       long long off[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int r = r0 + u * kWarps;
+        const int r = r0 + u * nw;
         off[u] = r < rows ? rowoff(r) : -1;
         old[u] = accumulate && off[u] >= 0 ? load4(dst + off[u] + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if (off[u] < 0) continue;
-        const float4 x = *reinterpret_cast<const float4*>(src + (r0 + u * kWarps) * lds + 4 * q);
+        const float4 x = *reinterpret_cast<const float4*>(src + (r0 + u * nw) * lds + 4 * q);
         store4(dst + off[u] + 4 * q, make_float4(old[u].x + x.x, old[u].y + x.y, old[u].z + x.z, old[u].w + x.w));
       }
     }
@@ -374,8 +448,8 @@ __device__ void load_decays(const Args& a, size_t ch, double* G, float* gam, flo
 }
 
 // ---- prep: one block per chunk (grid NC x BH) ----
-template <bool PRECISE>
-__global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
+template <Mma MM>
+__global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
   const size_t ch = size_t(bh) * a.NC + c;
@@ -405,7 +479,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
     a.G[ch * kE + tid] = G[tid];
     a.beta[ch * kE + tid] = beta[tid];
   }
-  mm<false, true, PRECISE>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
+  mm<false, true, MM>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
   __syncthreads();
   each(kE, kE, [&](int i, int j) { Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * expf(float(G[i] - G[j])) : 0.f; });
   __syncthreads();
@@ -413,7 +487,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
   // w, w+8, ... at once; lane l keeps the running sums of rows l and l+32.
   {
     const int warp = tid >> 5, lane = tid & 31;
-    constexpr int QN = kE / kWarps;
+    constexpr int QN = kE / (kPrepThreads / 32);
     float s0[QN], s1[QN];
 #pragma unroll
     for (int qq = 0; qq < QN; ++qq) s0[qq] = s1[qq] = 0.f;
@@ -423,7 +497,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
       const bool hi = j >= 32;
 #pragma unroll
       for (int qq = 0; qq < QN; ++qq) {
-        const int col = warp + kWarps * qq;
+        const int col = warp + kPrepThreads / 32 * qq;
         const float cand = hi ? float(lane + 32 == col) - s1[qq] : float(lane == col) - s0[qq];
         const float xj = __shfl_sync(kFull, cand, owner);
         if (lane == owner) Tn[j * kLdE + col] = xj;
@@ -435,7 +509,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
   __syncthreads();
   // P = (Q K^T) . exp(G_row - G_j) for j <= row (the reading event of query row r), else 0, kept for
   // the output, dstate and grad kernels (the queries were written to Qc above by this block).
-  mm<false, true, PRECISE>(As, kLdE, a.Qc + ch * size_t(a.Rp) * Dk, Dk, X, ldx, a.Rp, kE, Dk, 1.f);
+  mm<false, true, MM>(As, kLdE, a.Qc + ch * size_t(a.Rp) * Dk, Dk, X, ldx, a.Rp, kE, Dk, 1.f);
   __syncthreads();
   float* Pg = a.Pm + ch * size_t(a.Rp) * kE;
   each(a.Rp, kE, [&](int r, int j) {
@@ -444,11 +518,11 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
   });
   each(kE, Dk, [&](int i, int col) { X[i * ldx + col] *= beta[i] * gam[i]; });
   __syncthreads();
-  mm<false, false, PRECISE>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
+  mm<false, false, MM>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
   __syncthreads();
   gather_rows(X, ldx, nullptr, a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); }, beta);
   __syncthreads();
-  mm<false, false, PRECISE>(a.U + ch * kE * Dv, Dv, Tn, kLdE, X, ldx, kE, Dv, kE, 1.f);
+  mm<false, false, MM>(a.U + ch * kE * Dv, Dv, Tn, kLdE, X, ldx, kE, Dv, kE, 1.f);
   float* Tg = a.Tm + ch * kE * kE;
   copy_tile(Tg, kE, Tn, kLdE, kE, kE);
 }
@@ -457,7 +531,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(Args a) {
 // The chunk's W, K and U columns are staged in shared memory with cp.async, two chunks deep: the
 // next chunk's copies run while this one computes (the walk is sequential, so load latency would
 // otherwise add up chunk after chunk).
-template <bool PRECISE>
+template <Mma MM>
 __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int BV = a.BV, ldS = BV + 4, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv;
@@ -496,7 +570,7 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
     const float* Ws = stages + (c & 1) * stage_floats;
     const float* Ks = Ws + kE * ldK;
     const float* Ub = Ks + kE * ldK;
-    mm<false, false, PRECISE>(Us, ldS, Ws, ldK, S, ldS, kE, BV, Dk, -1.f, Ub, ldS, 1.f);
+    mm<false, false, MM>(Us, ldS, Ws, ldK, S, ldS, kE, BV, Dk, -1.f, Ub, ldS, 1.f);
     __syncthreads();
     float* ut = a.Ut + ch * kE * Dv;
     each(kE, BV, [&](int i, int col) {
@@ -505,7 +579,7 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
       Us[i * ldS + col] = u * D[i];
     });
     __syncthreads();
-    mm<true, false, PRECISE>(S, ldS, Ks, ldK, Us, ldS, Dk, BV, kE, 1.f, S, ldS, gam[kE - 1]);
+    mm<true, false, MM>(S, ldS, Ks, ldK, Us, ldS, Dk, BV, kE, 1.f, S, ldS, gam[kE - 1]);
   }
   __syncthreads();
   float* st = a.states + (size_t(bh) * (a.NC + 1) + a.NC) * Dk * Dv;
@@ -515,7 +589,7 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
 }
 
 // ---- output: one block per (chunk, bh, column block) ----
-template <bool PRECISE>
+template <Mma MM>
 __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4;
@@ -536,11 +610,11 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   load_decays(a, ch, G, gam, D);
   __pipeline_wait_prior(0);
   __syncthreads();
-  mm<false, false, PRECISE>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
+  mm<false, false, MM>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
   __syncthreads();
   each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
   __syncthreads();
-  mm<false, false, PRECISE>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
+  mm<false, false, MM>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
   __syncthreads();
   scatter_rows(a.o, Os, ldS, a.Rp, BV, false, [&](int r) {
     const long long o = out_row(a, b, h, c, r);
@@ -553,7 +627,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
 // chunk's last product with it is done, one group per buffer in the order the products use them
 // (K and G; P; Q and dO; W), so the copies run while the chunk computes and every wait below is
 // for a group committed two or three groups before.
-template <bool PRECISE>
+template <Mma MM>
 __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4, c0 = blockIdx.x * BV;
@@ -608,25 +682,25 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
       gam[tid] = expf(float(G[tid]));
       D[tid] = expf(float(G[kE - 1] - G[tid]));
     }
-    mm<false, false, PRECISE>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
+    mm<false, false, MM>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
     __syncthreads();
     issue_k(c - 1);
     each(kE, BV, [&](int i, int col) { dU[i * ldS + col] *= D[i]; });
     __pipeline_wait_prior(2);  // P, Q, dO
     __syncthreads();
-    mm<true, false, PRECISE>(dU, ldS, Ps, kLdE, dO, ldS, kE, BV, a.Rp, a.scale, dU, ldS, 1.f);  // += scale P^T dO
+    mm<true, false, MM>(dU, ldS, Ps, kLdE, dO, ldS, kE, BV, a.Rp, a.scale, dU, ldS, 1.f);  // += scale P^T dO
     __syncthreads();
     issue_p(c - 1);
     copy_tile(a.dUt + ch * kE * Dv + c0, Dv, dU, ldS, kE, BV);
     each(a.Rp, BV, [&](int r, int col) { dO[r * ldS + col] *= row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f; });
     __syncthreads();
     // dS0 = gamma_63 dS + scale Q^T diag(gamma) dO - W^T dU~
-    mm<true, false, PRECISE>(dS, ldS, Qs, ldK, dO, ldS, Dk, BV, a.Rp, 1.f, dS, ldS, gam[kE - 1]);
+    mm<true, false, MM>(dS, ldS, Qs, ldK, dO, ldS, Dk, BV, a.Rp, 1.f, dS, ldS, gam[kE - 1]);
     __syncthreads();
     issue_q(c - 1);
     __pipeline_wait_prior(3);  // W
     __syncthreads();
-    mm<true, false, PRECISE>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
+    mm<true, false, MM>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
   }
 }
 
@@ -638,12 +712,12 @@ __device__ float block_sum(float v, float* red) {
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
   float s = 0.f;
-  for (int w = 0; w < kWarps; ++w) s += red[w];
+  for (int w = 0; w < nwarps(); ++w) s += red[w];
   return s;
 }
 
 // ---- grad: one block per chunk (grid NC x BH), all of Dk and Dv ----
-template <bool PRECISE>
+template <Mma MM>
 __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
@@ -659,7 +733,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   float* Ks = P2 + kE * kLdE;    // [64][ldK] the chunk's keys (staged)
   float* Ts = Ks + kE * ldK;     // [64][kLdE] Tinv (staged)
   __shared__ double G[kE];
-  __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kWarps];
+  __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kMaxWarps];
   __shared__ int tok[kE];
   const float* S0 = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
   const float* dS = a.dS + ch * Dk * Dv;
@@ -689,14 +763,14 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
     dGL = gam[kE - 1] * block_sum(part, red);
   }
-  mm_b<false, true, PRECISE>(bK, ldK, bT, ldX, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
-  mm_b<false, true, PRECISE>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
+  mm_b<false, true, MM>(bK, ldK, bT, ldX, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
+  mm_b<false, true, MM>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
   __syncthreads();
   // dK = diag(D) U~ dS^T. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read before the
   // scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
   {
     float gl_part = 0.f;
-    for (int i = warp; i < kE; i += kWarps) {
+    for (int i = warp; i < kE; i += nwarps()) {
       float dd = 0.f;
       for (int col = lane; col < Dk; col += 32) {
         float& x = bK[i * ldK + col];
@@ -714,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     if (gated) dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
   }
   // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
-  for (int r = warp; r < Rp; r += kWarps) {
+  for (int r = warp; r < Rp; r += nwarps()) {
     const float f = row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f;
     float acc = 0.f;
     for (int col = lane; col < Dk; col += 32) {
@@ -729,7 +803,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   __syncthreads();
   // dP = scale dO U~^T (P, decayed and masked without scale, is in P1). Then dU~ is staged where
   // U~ was.
-  mm<false, true, PRECISE>(P2, kLdE, bO, ldV, bT, ldX, Rp, kE, Dv, a.scale);
+  mm<false, true, MM>(P2, kLdE, bO, ldV, bT, ldX, Rp, kE, Dv, a.scale);
   __syncthreads();
   copy_async(bT, ldX, dUt, Dv, kE, Dv);
   __pipeline_commit();
@@ -754,25 +828,25 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
       for (int j = 0; j < kE; ++j) s += P1[(tid / a.nh) * kLdE + j];
     dG[tid] += s;
   }
-  mm<false, false, PRECISE>(bQ, ldK, P2, kLdE, Ks, ldK, Rp, Dk, kE, 1.f, bQ, ldK, 1.f);  // dQ += dP K
-  mm_b<true, false, PRECISE>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
+  mm<false, false, MM>(bQ, ldK, P2, kLdE, Ks, ldK, Rp, Dk, kE, 1.f, bQ, ldK, 1.f);  // dQ += dP K
+  mm_b<true, false, MM>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
   __syncthreads();
   scatter_rows(a.dq, bQ, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
   __pipeline_wait_prior(0);
   __syncthreads();
   // U~ = U - W S0: dW = -dU~ S0^T. Then dX = Tinv^T dU~, dY = Tinv^T dW.
-  mm_b<false, true, PRECISE>(bQ, ldK, bT, ldX, S0, Dv, kE, Dk, Dv, -1.f);
-  mm<true, false, PRECISE>(bO, ldV, Ts, kLdE, bT, ldX, kE, Dv, kE, 1.f);
+  mm_b<false, true, MM>(bQ, ldK, bT, ldX, S0, Dv, kE, Dk, Dv, -1.f);
+  mm<true, false, MM>(bO, ldV, Ts, kLdE, bT, ldX, kE, Dv, kE, 1.f);
   __syncthreads();
-  mm<true, false, PRECISE>(bT, ldX, Ts, kLdE, bQ, ldK, kE, Dk, kE, 1.f);
+  mm<true, false, MM>(bT, ldX, Ts, kLdE, bQ, ldK, kE, Dk, kE, 1.f);
   __syncthreads();
   // dM = -(dX U^T + dY W^T) (the strictly lower part is used).
-  mm_b<false, true, PRECISE>(P2, kLdE, bO, ldV, a.U + ch * kE * Dv, Dv, kE, kE, Dv, -1.f);
-  mm<false, true, PRECISE>(P1, kLdE, Ks, ldK, Ks, ldK, kE, kE, Dk, 1.f);  // K K^T
+  mm_b<false, true, MM>(P2, kLdE, bO, ldV, a.U + ch * kE * Dv, Dv, kE, kE, Dv, -1.f);
+  mm<false, true, MM>(P1, kLdE, Ks, ldK, Ks, ldK, kE, kE, Dk, 1.f);  // K K^T
   __syncthreads();
-  mm_b<false, true, PRECISE>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
+  mm_b<false, true, MM>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
   // Per event: dv = beta dX; dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
-  for (int i = warp; i < kE; i += kWarps) {
+  for (int i = warp; i < kE; i += nwarps()) {
     float dvd = 0.f, dkd = 0.f;
     const long long vrow = value_row(a, b, h, c, i);
     for (int col = lane; col < Dv; col += 32) {
@@ -824,9 +898,9 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     dbeta[tid] += db;
     dG[tid] += row - col;
   }
-  mm<false, false, PRECISE>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F K
+  mm<false, false, MM>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F K
   __syncthreads();
-  mm<true, false, PRECISE>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F^T K
+  mm<true, false, MM>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F^T K
   __syncthreads();
   scatter_rows(a.dk, bK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
   scatter_rows(a.dv, bO, ldV, kE, Dv, a.accumulate, [&](int i) { return value_row(a, b, h, c, i); });
@@ -945,7 +1019,7 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
 // name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under. Each kernel is opted in to all
 // the dynamic shared memory it may have once, on its first launch (delta_rule_chunked_cuda_applies
 // keeps every size within it).
-template <auto Kernel>
+template <auto Kernel, int Threads = kThreads>
 void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
   lrnn::cuda::OpTimer timer(name);
   static const bool allowed = [] {
@@ -953,24 +1027,24 @@ void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
     return true;
   }();
   (void)allowed;
-  Kernel<<<grid, kThreads, smem, lrnn::cuda::stream()>>>(a);
+  Kernel<<<grid, Threads, smem, lrnn::cuda::stream()>>>(a);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
-template <bool P>
+template <Mma P>
 void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch<prep_kernel<P>>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
   launch<state_kernel<P>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
   if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
 }
 
-template <bool P>
+template <Mma P>
 void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch<prep_kernel<P>>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
   launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
   launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
 }
@@ -982,7 +1056,28 @@ size_t dynamic_smem_limit() {
   return v;
 }
 
-bool precise() { return lrnn::cuda::gemm_precision() == lrnn::cuda::GemmPrecision::FP32; }
+// The products' input precision of the current cuda::GemmPrecision, and the kernels for it.
+Mma mma_mode() {
+  switch (lrnn::cuda::gemm_precision()) {
+    case lrnn::cuda::GemmPrecision::FP32: return Mma::Fp32;
+    case lrnn::cuda::GemmPrecision::BF16: return Mma::Bf16;
+    default: return Mma::Tf32;
+  }
+}
+void run_forward(const Args& a, const DeltaRuleDims& d, bool outputs) {
+  switch (mma_mode()) {
+    case Mma::Fp32: return forward_impl<Mma::Fp32>(a, d, outputs);
+    case Mma::Bf16: return forward_impl<Mma::Bf16>(a, d, outputs);
+    default: return forward_impl<Mma::Tf32>(a, d, outputs);
+  }
+}
+void run_backward(const Args& a, const DeltaRuleDims& d) {
+  switch (mma_mode()) {
+    case Mma::Fp32: return backward_impl<Mma::Fp32>(a, d);
+    case Mma::Bf16: return backward_impl<Mma::Bf16>(a, d);
+    default: return backward_impl<Mma::Tf32>(a, d);
+  }
+}
 
 void set_inputs(Args& a, const float* q, const float* k, const float* v, const float* bl, const float* g) {
   a.q = q, a.k = k, a.v = v, a.bl = bl, a.g = g;
@@ -994,11 +1089,11 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
   if (d.Dk % 16 || d.Dv % 16 || d.Dk <= 0 || d.Dv <= 0 || d.n_h > kE) return false;
   const Geometry gm = geometry(d);
   // The static arrays (G, gates, ...) do not depend on the precision parameter: one instance tells.
-  return prep_smem(d) <= dynamic_smem_limit<prep_kernel<false>>() &&
-         state_smem(d, gm) <= dynamic_smem_limit<state_kernel<false>>() &&
-         output_smem(d, gm) <= dynamic_smem_limit<output_kernel<false>>() &&
-         dstate_smem(d, gm) <= dynamic_smem_limit<dstate_kernel<false>>() &&
-         grad_smem(d) <= dynamic_smem_limit<grad_kernel<false>>();
+  return prep_smem(d) <= dynamic_smem_limit<prep_kernel<Mma::Tf32>>() &&
+         state_smem(d, gm) <= dynamic_smem_limit<state_kernel<Mma::Tf32>>() &&
+         output_smem(d, gm) <= dynamic_smem_limit<output_kernel<Mma::Tf32>>() &&
+         dstate_smem(d, gm) <= dynamic_smem_limit<dstate_kernel<Mma::Tf32>>() &&
+         grad_smem(d) <= dynamic_smem_limit<grad_kernel<Mma::Tf32>>();
 }
 
 // Measured on one H100 in one run (2026-11-28, at 1cf130a: `SECTIONS=kernel scripts/gpu-run.sh`,
@@ -1012,6 +1107,13 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
 // So the chunked form from T = 128 at head dims of 128 and more (1.2-1.4x without a gate, 1.8-2.4x
 // with one or with sub-steps, where the recurrent backward rebuilds states inside every chunk); at
 // head dim 64 the two are within 12% either way and the recurrent kernels stay.
+// Re-checked on an H200 with the kernels as they are now (2026-11-28; the recurrent rows from one
+// call, the chunked from the next, TF32 / bf16 products): head dim 128, B 8 x H 8, T 64: 213 vs
+// 223 / 171; T 128: 418 vs 305 / 231; head dim 64, B 8 x H 16, T 512: 1158 vs 1215 / 969, gate
+// 1554 vs 1283 / 1058, n_h 2 with a gate 2275 vs 2216 / 1840. The rule stays one for both
+// precisions (a model sizes its checkpoints by it once, whatever the precision later): at head
+// dim 64 the chunked form would win only with bf16 products (1.2-1.5x), and T 128-256 there are
+// not measured.
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
   return delta_rule_chunked_cuda_applies(d) && d.T >= 128 && std::min(d.Dk, d.Dv) >= 128;
 }
@@ -1025,8 +1127,7 @@ void delta_rule_forward_chunked(float* o, const float* q, const float* k, const 
   set_inputs(a, q, k, v, beta_logit, g);
   a.o = o;
   a.state_io = state;
-  if (precise()) forward_impl<true>(a, d, o != nullptr);
-  else forward_impl<false>(a, d, o != nullptr);
+  run_forward(a, d, o != nullptr);
 }
 
 void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
@@ -1038,15 +1139,11 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
   // prep then runs again below: the workspace's other arrays are shared).
   Args a = make(d, true, const_cast<float*>(ckpt));
   set_inputs(a, q, k, v, beta_logit, g);
-  if (!ckpt) {
-    if (precise()) forward_impl<true>(a, d, false);
-    else forward_impl<false>(a, d, false);
-  }
+  if (!ckpt) run_forward(a, d, false);
   a.dout = dout;
   a.dq = dq, a.dk = dk, a.dv = dv, a.dbl = dbeta_logit, a.dg = dg;
   a.accumulate = accumulate;
-  if (precise()) backward_impl<true>(a, d);
-  else backward_impl<false>(a, d);
+  run_backward(a, d);
 }
 
 }  // namespace lrnn::ops::cuda
