@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 #include "core/check.h"
+#include "core/rng.h"
 #include "cuda/runtime.h"
 #include "cuda_test_util.h"
 #include "ops/delta_rule/delta_rule.h"
@@ -421,6 +422,165 @@ TEST(DeltaRuleCudaChunked, LongSequence) {
   check_chunked(dims(1, 16384, 1, 64, 64, 1, EigenRange::Signed), o);
   o.gate = true, o.g_lo = -2;
   check_chunked(dims(1, 4096, 2, 64, 64, 2, EigenRange::Signed), o);
+}
+
+// Exact state trackers through the chunked form, 10^4 tokens, in each precision of its products.
+// Each token is a group element applied to the state as n_h reflections I - 2 k k^T (beta = 2
+// sigmoid(40) = 2 in fp32; an unused sub-step has beta = 2 sigmoid(-40) ~ 1e-17), values 0, no
+// gate, the state started at the identity on the group's coordinates: S_t is the prefix product's
+// matrix, and o_t = S_t^T q reads it. Every o_t must be nearest to the exact prefix product's
+// output among those of all group elements (half the distance between two elements' outputs is
+// 0.7 or more), and with fp32 products (three TF32 products) every output and the final state
+// within 2e-3 of the exact ones. The CPU's fp32 recurrence and chunked form on these inputs
+// (2026-11-28, cpu2c, with either BLAS kernel set): parity exact; Z5 worst output deviation
+// 4.7e-4 and 3.2e-4 (the keys' cosines rounded to fp32, 2 x 10^4 times); S3 3.6e-7 and 5.1e-4.
+// With TF32 and bf16 products only the tracking is asserted; their deviations are printed.
+struct GroupWord {
+  const char* name;
+  int n_h, coords;                               // sub-steps per token; the group acts on R^coords
+  std::vector<std::vector<std::vector<double>>> keys;  // per element, per sub-step: a unit key (empty: none)
+  std::vector<std::vector<double>> mats;         // per element, its coords x coords matrix (row-major)
+};
+
+// Reflection normal across the line at angle phi in the plane of coordinates 0, 1.
+std::vector<double> normal_at(double phi) { return {-std::sin(phi), std::cos(phi)}; }
+
+GroupWord parity_group() {
+  return {"parity", 1, 1, {{{}}, {{1.0}}}, {{1.0}, {-1.0}}};
+}
+GroupWord cyclic5() {  // rotation by 72 j degrees = reflection across 0, then across 36 j degrees
+  GroupWord g{"Z5", 2, 2, {}, {}};
+  const double pi = std::acos(-1.0);
+  for (int j = 0; j < 5; ++j) {
+    const double th = 2 * pi * j / 5;
+    g.keys.push_back(j == 0 ? std::vector<std::vector<double>>{{}, {}}
+                            : std::vector<std::vector<double>>{normal_at(0), normal_at(th / 2)});
+    g.mats.push_back({std::cos(th), -std::sin(th), std::sin(th), std::cos(th)});
+  }
+  return g;
+}
+GroupWord symmetric3() {  // permutation matrices; a transposition (a b) reflects along e_a - e_b
+  GroupWord g{"S3", 2, 3, {}, {}};
+  const double r = 1 / std::sqrt(2.0);
+  auto t = [&](int a, int b) {
+    std::vector<double> k(3, 0.0);
+    k[a] = r, k[b] = -r;
+    return k;
+  };
+  auto perm = [](std::vector<int> p) {  // the matrix sending e_i to e_p[i]
+    std::vector<double> m(9, 0.0);
+    for (int i = 0; i < 3; ++i) m[p[i] * 3 + i] = 1.0;
+    return m;
+  };
+  g.keys = {{{}, {}}, {t(0, 1), {}}, {t(1, 2), {}}, {t(0, 2), {}}, {t(0, 1), t(1, 2)}, {t(1, 2), t(0, 1)}};
+  // The products in the order the sub-steps apply (second after first): (12)(01) and (01)(12).
+  g.mats = {perm({0, 1, 2}), perm({1, 0, 2}), perm({0, 2, 1}), perm({2, 1, 0}), perm({2, 0, 1}), perm({1, 2, 0})};
+  return g;
+}
+
+void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name) {
+  SCOPED_TRACE(std::string(g.name) + ", " + prec_name);
+  const int T = 10000, D = 32, C = g.coords, E = int(g.mats.size());
+  DeltaRuleDims d = dims(1, T, 1, D, D, g.n_h, EigenRange::Signed);
+  d.scale = 1;
+  std::vector<float> q(size_t(T) * D, 0.f), k(size_t(T) * g.n_h * D, 0.f), v(size_t(T) * g.n_h * D, 0.f),
+      bl(size_t(T) * g.n_h), state(size_t(D) * D, 0.f);
+  // The read-out q = sum_c (c + 1) e_c tells the elements apart: o = S^T q.
+  std::vector<double> qv(C);
+  for (int c = 0; c < C; ++c) qv[c] = c + 1;
+  lrnn::Rng rng{uint64_t(17 + E), 3};
+  std::vector<int> word(T);
+  for (int t = 0; t < T; ++t) {
+    const int e = int(rng.u32(uint64_t(t)) % uint32_t(E));
+    word[t] = e;
+    for (int c = 0; c < C; ++c) q[size_t(t) * D + c] = float(qv[c]);
+    for (int j = 0; j < g.n_h; ++j) {
+      const auto& key = g.keys[e][j];
+      bl[size_t(t) * g.n_h + j] = key.empty() ? -40.f : 40.f;
+      for (size_t c = 0; c < key.size(); ++c) k[(size_t(t) * g.n_h + j) * D + c] = float(key[c]);
+      if (key.empty()) k[(size_t(t) * g.n_h + j) * D] = 1.f;  // a unit key with beta ~ 0
+    }
+  }
+  for (int c = 0; c < C; ++c) state[size_t(c) * D + c] = 1.f;
+  // The output each element's matrix M gives: (M^T q)_c' = sum_c M[c][c'] q_c.
+  auto out_of = [&](const std::vector<double>& m) {
+    std::vector<double> o(C, 0.0);
+    for (int c = 0; c < C; ++c)
+      for (int c2 = 0; c2 < C; ++c2) o[c2] += m[c * C + c2] * qv[c];
+    return o;
+  };
+  auto mul = [&](const std::vector<double>& a, const std::vector<double>& b) {  // a b
+    std::vector<double> m(size_t(C) * C, 0.0);
+    for (int i = 0; i < C; ++i)
+      for (int l = 0; l < C; ++l)
+        for (int j = 0; j < C; ++j) m[i * C + j] += a[i * C + l] * b[l * C + j];
+    return m;
+  };
+  std::vector<std::vector<double>> cands;
+  for (const auto& m : g.mats) cands.push_back(out_of(m));
+
+  lrnn::cuda::set_gemm_precision(prec);
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v), gb = to_device(bl), gs = to_device(state);
+  Buffer<float> go(size_t(T) * D);
+  lrnn::ops::cuda::delta_rule_forward(go.data(), gq.data(), gk.data(), gv.data(), gb.data(), nullptr, d, nullptr,
+                                      gs.data());
+  lrnn::cuda::synchronize();
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
+  const std::vector<float> o = go.download(), fin = gs.download();
+
+  std::vector<double> m(size_t(C) * C, 0.0);
+  for (int c = 0; c < C; ++c) m[c * C + c] = 1.0;
+  int wrong = 0, first_wrong = -1;
+  double worst = 0;
+  auto nearest = [&](auto dist_to) {
+    int best = 0;
+    double best_d = INFINITY;
+    for (int e = 0; e < E; ++e)
+      if (const double dd = dist_to(e); dd < best_d) best_d = dd, best = e;
+    return best;
+  };
+  for (int t = 0; t < T; ++t) {
+    // The exact prefix product (snapped to the group's own matrix: no drift in the reference).
+    const std::vector<double> prod = mul(g.mats[word[t]], m);
+    const int truth = nearest([&](int e) {
+      double dd = 0;
+      for (int i = 0; i < C * C; ++i) dd += std::pow(prod[i] - g.mats[e][i], 2);
+      return dd;
+    });
+    m = g.mats[truth];
+    const std::vector<double>& want = cands[truth];
+    const int best = nearest([&](int e) {
+      double dd = 0;
+      for (int c = 0; c < C; ++c) dd += std::pow(double(o[size_t(t) * D + c]) - cands[e][c], 2);
+      return dd;
+    });
+    if (best != truth && wrong++ == 0) first_wrong = t;
+    for (int c = 0; c < D; ++c)
+      worst = std::max(worst, std::fabs(double(o[size_t(t) * D + c]) - (c < C ? want[c] : 0.0)));
+  }
+  double fin_err = 0;
+  for (int r = 0; r < D; ++r)
+    for (int c = 0; c < D; ++c)
+      fin_err = std::max(fin_err, std::fabs(double(fin[size_t(r) * D + c]) - (r < C && c < C ? m[r * C + c] : 0.0)));
+  std::printf("  tracker %s, %s products: %d of %d read-outs wrong, worst deviation %.2e, final state %.2e\n", g.name,
+              prec_name, wrong, T, worst, fin_err);
+  EXPECT_EQ(wrong, 0) << "first wrong at token " << first_wrong;
+  if (prec == lrnn::cuda::GemmPrecision::FP32) {
+    EXPECT_LT(worst, 2e-3);
+    EXPECT_LT(fin_err, 2e-3);
+  }
+}
+
+TEST(DeltaRuleCudaChunked, ExactTrackersThroughTenThousandTokens) {
+  LRNN_REQUIRE_GPU();
+  using lrnn::cuda::GemmPrecision;
+  for (const GroupWord& g : {parity_group(), cyclic5(), symmetric3()}) {
+    check_tracker(g, GemmPrecision::FP32, "fp32");
+    check_tracker(g, GemmPrecision::TF32, "TF32");
+    check_tracker(g, GemmPrecision::BF16, "bf16");
+  }
 }
 
 // A sequence read in two pieces with the state carried (inference) equals one read whole, and
