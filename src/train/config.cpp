@@ -22,9 +22,13 @@ void TrainingConfig::describe(io::Schema& s) {
       .add("grad_clip", &grad_clip, "max global gradient norm (0 = no clipping)", 0.0, 1e12)
       .add("val_every", &val_every, "evaluate every N steps (0 = only at the end)", 0, 1e12)
       .add("stop_at", &stop_at,
-           "stop early once a periodic evaluation (val_every) reaches this scaled accuracy on the eval lengths "
+           "stop early once a periodic evaluation (val_every) reaches this scaled accuracy (on the lengths stop_on names) "
            "(P2 stops at 0.99; 0 = never)",
            0.0, 1.0)
+      .add("stop_on", &stop_on,
+           "the lengths whose scaled accuracy stop_at reads: eval (task.eval_len) or train (task.train_len, like the "
+           "DeltaProduct authors' validation split of training-length sequences)",
+           {"eval", "train"})
       .add("checkpoint_every", &checkpoint_every, "resumable checkpoint every N steps (0 = only at the end)", 0, 1e12)
       .add("curriculum", &curriculum,
            "curriculum over positions: supervise only the first N target positions (a BOS counts as one), one more "

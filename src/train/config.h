@@ -25,6 +25,7 @@ struct TrainingConfig {
   double grad_clip = 0.0;          // global-norm clipping; 0 = off
   int64_t val_every = 0;           // evaluate every N steps (0: only at the end)
   double stop_at = 0.0;            // stop once a periodic evaluation reaches this scaled accuracy (0: never)
+  std::string stop_on = "eval";    // the lengths stop_at reads: eval (task.eval_len) or train (task.train_len)
   int64_t checkpoint_every = 1000; // write a resumable checkpoint every N steps (and at the end)
   // A curriculum over positions (the DeltaProduct authors' state-tracking script, `--curriculum`):
   // the loss starts on the first `curriculum` target positions only (a BOS counts as one) and takes

@@ -634,11 +634,14 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
         auto e = eval_now();
         log(eval_line(e, st.step));
         progress.message(eval_message(e, cfg, st.step));
-        reached = tc.stop_at > 0 && e.contains("scaled_accuracy") && double(e["scaled_accuracy"]) >= tc.stop_at;
+        // stop_on: the eval lengths' scaled accuracy, or the training lengths' (train_range).
+        const nlohmann::json& on = tc.stop_on == "train" && e.contains("train_range") ? e["train_range"] : e;
+        reached = tc.stop_at > 0 && on.contains("scaled_accuracy") && double(on["scaled_accuracy"]) >= tc.stop_at;
       }
       if (tc.stop_at > 0 && world.distributed()) reached = engine->any_rank(reached);
       if (reached) {
-        progress.message(fmt::format("stopping early: scaled accuracy reached training.stop_at = {}", tc.stop_at));
+        progress.message(fmt::format("stopping early: scaled accuracy on the {} lengths reached training.stop_at = {}",
+                                     tc.stop_on == "train" ? "training" : "eval", tc.stop_at));
         stopped_early = true;
         break;
       }
