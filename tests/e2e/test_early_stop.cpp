@@ -71,29 +71,28 @@ RunResult train(const fs::path& dir, const std::string& name, const std::string&
 
 }  // namespace
 
-// Measured (cpu2c, 2026-11-28; seeds 0-4, OpenBLAS's own kernels and Haswell's, 1 and 2 threads):
-// see the assertion on the stopping step.
+// Measured (cpu2c, AMD EPYC Zen 3, 2026-11-28; seeds 0-4, OpenBLAS's own kernels and Haswell's, 1
+// and 2 threads: 20 runs): stopped at steps 60-200, at training-length accuracy 1.000 each time,
+// length-64 accuracy 0. The bound on the stopping step, 1500, is 7.5x the slowest.
 TEST(EarlyStop, OnTheTrainingLengths) {
-  TempDir dir("lrnn_early_stop");
+  const fs::path dir = temp_dir("early_stop");
   for (int seed : {0, 1}) {
     const std::string name = "seed" + std::to_string(seed);
-    const RunResult r = train(dir.path, name, " --set training.seed=" + std::to_string(seed));
+    const RunResult r = train(dir, name, " --set training.seed=" + std::to_string(seed));
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("stopping early: scaled accuracy on the training lengths reached training.stop_at = 0.99"),
-              std::string::npos)
-        << r.out;
-    const fs::path run = dir.path / name;
+    const fs::path run = dir / name;
     const auto evals = lines_of(run, "eval");
-    ASSERT_FALSE(evals.empty());
-    // The last periodic evaluation is the one that stopped the run: the first at >= 0.99 on the
-    // training lengths, while the eval lengths stay below it.
-    const auto& last = evals.back();
-    const int64_t step = last["step"].get<int64_t>();
+    // The periodic evaluations up to the first at >= 0.99 on the training lengths (the eval
+    // lengths stay far below), then the final evaluation of the completed run at the same step.
+    size_t first = 0;
+    while (first < evals.size() && evals[first]["train_scaled_accuracy"].get<double>() < 0.99) ++first;
+    ASSERT_LT(first + 1, evals.size()) << "no periodic evaluation reached 0.99, or no final one";
+    const int64_t step = evals[first]["step"].get<int64_t>();
     std::printf("seed %d: stopped at step %lld (training lengths %.3f, eval lengths %.3f)\n", seed, (long long)step,
-                last["train_scaled_accuracy"].get<double>(), last["scaled_accuracy"].get<double>());
-    EXPECT_GE(last["train_scaled_accuracy"].get<double>(), 0.99);
-    EXPECT_LT(last["scaled_accuracy"].get<double>(), 0.99);
-    for (size_t i = 0; i + 1 < evals.size(); ++i) EXPECT_LT(evals[i]["train_scaled_accuracy"].get<double>(), 0.99);
+                evals[first]["train_scaled_accuracy"].get<double>(), evals[first]["scaled_accuracy"].get<double>());
+    EXPECT_EQ(first + 2, evals.size()) << "the run went on after the stopping evaluation";
+    EXPECT_EQ(evals.back()["step"].get<int64_t>(), step);
+    EXPECT_LT(evals[first]["scaled_accuracy"].get<double>(), 0.99);
     EXPECT_LT(step, 1500) << "(the measured stopping steps are in the comment above)";
     // A completed run: the final evaluation and the checkpoint are there.
     EXPECT_TRUE(fs::exists(run / "eval.json"));
@@ -102,9 +101,24 @@ TEST(EarlyStop, OnTheTrainingLengths) {
   }
 }
 
+// The same run reading the eval lengths (the default) goes the whole schedule: on length 64 it
+// stays far from 0.99.
+TEST(EarlyStop, OnTheEvalLengthsByDefault) {
+  const fs::path dir = temp_dir("early_stop_eval");
+  const RunResult r = train(dir, "run", " --set training.stop_on=eval --set training.num_steps=300");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto evals = lines_of(dir / "run", "eval");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_EQ(evals.back()["step"].get<int64_t>(), 300);
+  double best_train = 0;  // (the training lengths did reach 0.99: stop_on is what kept it going)
+  for (const auto& e : evals) best_train = std::max(best_train, e["train_scaled_accuracy"].get<double>());
+  EXPECT_GE(best_train, 0.99);
+  EXPECT_EQ(read_text(dir / "run" / "provenance.json").find("stopped early"), std::string::npos);
+}
+
 TEST(EarlyStop, RefusesAnUnknownStopOn) {
-  TempDir dir("lrnn_early_stop_bad");
-  const RunResult r = train(dir.path, "bad", " --set training.stop_on=valid");
+  const fs::path dir = temp_dir("early_stop_bad");
+  const RunResult r = train(dir, "bad", " --set training.stop_on=valid");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("stop_on"), std::string::npos) << r.out;
 }
