@@ -105,6 +105,19 @@ TEST(ModelCuda, DeltaNetMatchesCpuWithBf16Mlp) {
                 37, bf16, 3e-2);
 }
 
+// The same at a long sequence and head dim 128, where the delta rule takes the chunked form and,
+// under BF16, its products take bf16 inputs too (the op's error: 0.9-2.0x that of bf16 inputs,
+// DeltaRuleCudaChunked.Bf16ErrorAgainstFp64). Bounds 2e-2 (logits) and 6e-2 (gradients): twice the
+// bf16-MLP test's, for the second bf16 part; a wiring error is of order 1.
+TEST(ModelCuda, LongSequencesWithBf16MatchCpu) {
+  LRNN_REQUIRE_GPU();
+  const auto bf16 = cuda::GemmPrecision::BF16;
+  compare_model("{model_type: delta_net, vocab_size: 11, hidden_size: 256, num_hidden_layers: 2, num_heads: 2, "
+                "allow_neg_eigval: true}", 2e-2, 2, 300, bf16, 6e-2);
+  compare_model("{model_type: gated_deltaproduct, vocab_size: 7, hidden_size: 256, num_hidden_layers: 1, num_heads: 2, "
+                "num_householder: 2, allow_neg_eigval: true, use_forget_gate: true}", 2e-2, 2, 300, bf16, 6e-2);
+}
+
 // A model class without a CUDA path (every registered model has one now: a stand-in here) is a
 // UserError that names the model type, not a crash.
 namespace {
