@@ -66,8 +66,9 @@ std::string eval_message(const nlohmann::json& e, const ExperimentConfig& cfg, i
   if (e.value("metric", "") == "val_loss")
     return fmt::format("eval at step {}: validation loss {:.4f}, perplexity {:.2f} ({} tokens)", step,
                        double(e["val_loss"]), double(e["perplexity"]), int64_t(e["tokens"]));
-  return fmt::format("eval at step {}: scaled accuracy {:.3f} on lengths {}-{}", step, double(e["scaled_accuracy"]),
-                     cfg.task.eval_len[0], cfg.task.eval_len[1]);
+  return fmt::format("eval at step {}: scaled accuracy {:.3f} on lengths {}-{}, {:.3f} on the training lengths {}-{}",
+                     step, double(e["scaled_accuracy"]), cfg.task.eval_len[0], cfg.task.eval_len[1],
+                     double(e["train_range"]["scaled_accuracy"]), cfg.task.train_len[0], cfg.task.train_len[1]);
 }
 
 // Keeps metrics.jsonl consistent with a resumed state: drops lines logged after the checkpoint.
