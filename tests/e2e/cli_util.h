@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 #include "io/schema.h"
 
@@ -85,6 +87,19 @@ inline void write_text(const std::filesystem::path& p, const std::string& s) {
 inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The metrics.jsonl lines of a run with this "type" (train, eval, curriculum, ...), in order; a
+// line still being written by a running process (not yet valid JSON) is skipped.
+inline std::vector<nlohmann::json> lines_of(const std::filesystem::path& run, const std::string& type) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(read_text(run / "metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j["type"] == type) v.push_back(j);
+  }
+  return v;
 }
 
 // `lrnn args...` as a child process with stdout and stderr in `log`, for tests that signal it. The

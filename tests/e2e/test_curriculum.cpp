@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <functional>
-#include <sstream>
 #include <nlohmann/json.hpp>
 #include "cli_util.h"
 #include "infer/run.h"
@@ -59,17 +58,6 @@ std::string config(std::initializer_list<std::string> sets) {
   YAML::Node root = YAML::Load(kCurriculumConfig);
   for (const auto& s : sets) io::apply_override(root, s);
   return YAML::Dump(root) + "\n";
-}
-
-std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_text(run / "metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == type) v.push_back(j);
-  }
-  return v;
 }
 
 RunResult train(const fs::path& dir, const std::string& name, std::initializer_list<std::string> sets) {

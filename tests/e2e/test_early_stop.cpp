@@ -4,7 +4,6 @@
 // the longer eval lengths are far from it — and then finishes as a completed run (final
 // checkpoint, eval.json). A wrong value is refused.
 #include <gtest/gtest.h>
-#include <sstream>
 #include <nlohmann/json.hpp>
 #include "cli_util.h"
 
@@ -52,17 +51,6 @@ logging:
   log_every: 20
   progress: none
 )";
-
-std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_text(run / "metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == type) v.push_back(j);
-  }
-  return v;
-}
 
 RunResult train(const fs::path& dir, const std::string& name, const std::string& sets) {
   write_text(dir / (name + ".yaml"), kConfig);

@@ -24,17 +24,6 @@ const std::string kTiny =
     tiny_config({"training.num_steps=3000", "training.min_lr=1.0e-5", "training.adam_eps=1e-8",
                  "training.checkpoint_every=1000", "training.num_threads=1", "model.initializer_range=0.03"});
 
-std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_text(run / "metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j["type"] == type) v.push_back(j);
-  }
-  return v;
-}
-
 // Waits until the run has logged at least `n` training lines (or `seconds` pass).
 bool wait_for_steps(const fs::path& run, size_t n, double seconds) {
   auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);

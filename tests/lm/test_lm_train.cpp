@@ -47,15 +47,6 @@ std::string lm_config(const std::string& extra_training = "") {
          "logging: {log_every: 20, progress: none}\n";
 }
 
-std::vector<nlohmann::json> lines_of(const fs::path& run, const std::string& type) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (auto j = nlohmann::json::parse(line); j["type"] == type) out.push_back(j);
-  return out;
-}
-
 // Cross-entropy on the validation split of a model that predicts each token with its frequency
 // in the training split (add-one smoothed): what a model that ignores its context can reach.
 double unigram_loss(const fs::path& data) {
