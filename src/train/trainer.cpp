@@ -315,15 +315,17 @@ struct Curriculum {
                     j["applied"].is_number_integer() && int64_t(j["positions"]) >= positions &&
                     int64_t(j["positions"]) <= std::max(full, positions) && double(j["loss_sum"]) >= 0 &&
                     std::isfinite(double(j["loss_sum"])) && int64_t(j["applied"]) >= 0 &&
-                    int64_t(j["applied"]) <= in_epoch;
+                    (int64_t(j["applied"]) <= in_epoch || int64_t(j["positions"]) >= full);
     if (!ok)
       LRNN_USER_ERROR("{}: train_state metadata 'curriculum' is '{}'; expected positions in [{}, {}], a finite "
                       "loss_sum >= 0 and applied in [0, {}] (steps into the epoch at step {})",
                       (dir / "train_state.safetensors").string(), saved.substr(0, 120), positions,
                       std::max(full, positions), in_epoch, step);
     positions = int(j["positions"]);
-    loss_sum = double(j["loss_sum"]);
-    applied = int64_t(j["applied"]);
+    // A complete curriculum has no epoch under way (checkpoints written before that was so kept
+    // counting: their counts are not used).
+    loss_sum = complete() ? 0 : double(j["loss_sum"]);
+    applied = complete() ? 0 : int64_t(j["applied"]);
   }
 };
 
@@ -537,8 +539,10 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     const double sum = es.loss_avg * double(es.averaged);
     log_loss_sum += sum;
     log_applied += es.averaged;
-    curriculum.loss_sum += sum;
-    curriculum.applied += es.averaged;
+    if (!curriculum.complete()) {  // (once complete there are no more epochs to decide)
+      curriculum.loss_sum += sum;
+      curriculum.applied += es.averaged;
+    }
     return es;
   };
   auto checkpoint = [&] {

@@ -185,6 +185,41 @@ TEST(Curriculum, AResumedRunFollowsTheUninterruptedOne) {
   EXPECT_NE(broken.out.find("metadata 'curriculum'"), std::string::npos) << broken.out;
 }
 
+// A run resumes after its curriculum is complete: with the threshold at 1e6 a position is added
+// after every epoch of 4 steps, all 9 targets from step 28 on; killed after step 40 (checkpoint at
+// 36), the run resumes and ends with the uninterrupted run's weights. (The epoch counters used to
+// keep counting after completion, and the resume refused the checkpoint: 8 applied steps, 0 steps
+// into the epoch.) A checkpoint written that way is accepted: its counters are not used.
+TEST(Curriculum, ARunResumesAfterItsCurriculumIsComplete) {
+  auto dir = temp_dir("curriculum_complete");
+  ASSERT_EQ(train(dir, "a", {"training.num_steps=48"}).code, 0);
+  const auto grown = lines_of(dir / "a", "curriculum");
+  ASSERT_FALSE(grown.empty());
+  EXPECT_EQ(int(grown.back()["positions"]), 9);
+  EXPECT_EQ(int(grown.back()["step"]), 28);
+  setenv("LRNN_FAULT_KILL_AFTER_STEP", "40", 1);
+  auto k = train(dir, "b", {"training.num_steps=48"});
+  unsetenv("LRNN_FAULT_KILL_AFTER_STEP");
+  ASSERT_NE(k.code, 0) << "the fault injection did not kill the run";
+  io::SafeTensors st = io::read_safetensors(dir / "b" / "train_state.safetensors");
+  const auto saved = nlohmann::json::parse(st.metadata.at("curriculum"));
+  EXPECT_EQ(int(saved["positions"]), 9);
+  EXPECT_EQ(int(saved["applied"]), 0);
+  auto r = run_lrnn("train --resume " + (dir / "b").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_text(dir / "b" / "model.safetensors"), read_text(dir / "a" / "model.safetensors"));
+
+  setenv("LRNN_FAULT_KILL_AFTER_STEP", "40", 1);
+  train(dir, "c", {"training.num_steps=48"});
+  unsetenv("LRNN_FAULT_KILL_AFTER_STEP");
+  st = io::read_safetensors(dir / "c" / "train_state.safetensors");
+  st.metadata["curriculum"] = R"({"positions": 9, "loss_sum": 0.5, "applied": 8})";
+  io::write_safetensors(dir / "c" / "train_state.safetensors", st);
+  r = run_lrnn("train --resume " + (dir / "c").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_text(dir / "c" / "model.safetensors"), read_text(dir / "a" / "model.safetensors"));
+}
+
 TEST(Curriculum, ConfigsThatCannotWorkAreRefused) {
   auto dir = temp_dir("curriculum_bad");
   auto answer = train(dir, "parity", {"task.name=parity", "task.group=S3", "task.bos=false", "task.train_len=[3,12]",
