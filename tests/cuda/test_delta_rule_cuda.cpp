@@ -16,6 +16,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 #include "core/check.h"
@@ -430,11 +433,15 @@ TEST(DeltaRuleCudaChunked, LongSequence) {
 // gate, the state started at the identity on the group's coordinates: S_t is the prefix product's
 // matrix, and o_t = S_t^T q reads it. Every o_t must be nearest to the exact prefix product's
 // output among those of all group elements (half the distance between two elements' outputs is
-// 0.7 or more), and with fp32 products (three TF32 products) every output and the final state
-// within 2e-3 of the exact ones. The CPU's fp32 recurrence and chunked form on these inputs
-// (2026-11-28, cpu2c, with either BLAS kernel set): parity exact; Z5 worst output deviation
-// 4.7e-4 and 3.2e-4 (the keys' cosines rounded to fp32, 2 x 10^4 times); S3 3.6e-7 and 5.1e-4.
-// With TF32 and bf16 products only the tracking is asserted; their deviations are printed.
+// 0.7 or more), and every output and the final state within `bound` of the exact ones. Measured
+// on an H200 (2026-11-28), worst output deviation with fp32 / TF32 / bf16 products: parity 0 / 0 /
+// 0; S3 1.0e-3 / 3.0e-3 / 1.5e-3; Z5 as 5-cycles 3.1e-3 / 1.4e-2 / 3.1e-2; S5 2.9e-3 / 6.9e-3 /
+// 3.0e-2; Z5 as rotations (fp32) 6.8e-4; final states within 1.2e-3. Hence the bounds 1e-2 (fp32)
+// and 0.1 (TF32, bf16), over 3x the worst. Before the kernels carried the state at fp32 accuracy
+// and corrected beta for the rounded keys (delta_rule_chunked_cuda.cu), bf16 products lost S3
+// after 5,054 tokens (332 read-outs wrong) and Z5 as rotations after 373; TF32 let the rotations'
+// state grow 17-fold. The CPU's fp32 recurrence and chunked form (cpu2c, either BLAS kernel set):
+// parity exact; Z5 as rotations 4.7e-4 and 3.2e-4; S3 3.6e-7 and 5.1e-4.
 struct GroupWord {
   const char* name;
   int n_h, coords;                               // sub-steps per token; the group acts on R^coords
@@ -478,7 +485,7 @@ GroupWord symmetric3() {  // permutation matrices; a transposition (a b) reflect
   return g;
 }
 
-void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name) {
+void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name, double bound) {
   SCOPED_TRACE(std::string(g.name) + ", " + prec_name);
   const int T = 10000, D = 32, C = g.coords, E = int(g.mats.size());
   DeltaRuleDims d = dims(1, T, 1, D, D, g.n_h, EigenRange::Signed);
@@ -567,20 +574,77 @@ void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const cha
   std::printf("  tracker %s, %s products: %d of %d read-outs wrong, worst deviation %.2e, final state %.2e\n", g.name,
               prec_name, wrong, T, worst, fin_err);
   EXPECT_EQ(wrong, 0) << "first wrong at token " << first_wrong;
-  if (prec == lrnn::cuda::GemmPrecision::FP32) {
-    EXPECT_LT(worst, 2e-3);
-    EXPECT_LT(fin_err, 2e-3);
+  EXPECT_LT(worst, bound);
+  EXPECT_LT(fin_err, bound);
+}
+
+// Permutations of `n` coordinates, each as its shortest word of at most n_h transpositions (a
+// transposition (a b) reflects along (e_a - e_b) / sqrt 2; the word is padded with unused
+// sub-steps); `keep` picks the elements (all of S_n, or a subgroup).
+GroupWord permutations(const char* name, int n, int n_h, const std::function<bool(const std::vector<int>&)>& keep) {
+  GroupWord g{name, n_h, n, {}, {}};
+  const double r = 1 / std::sqrt(2.0);
+  std::vector<std::pair<int, int>> ts{{-1, -1}};  // (-1, -1): an unused sub-step
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b) ts.push_back({a, b});
+  std::map<std::vector<int>, std::vector<int>> shortest;  // permutation -> its word (indices into ts)
+  std::vector<int> word(n_h, 0);
+  for (;;) {
+    std::vector<int> p(n);  // the permutation after the sub-steps in order: e_i -> e_p[i]
+    std::iota(p.begin(), p.end(), 0);
+    int len = 0;
+    for (int w : word)
+      if (w) {
+        ++len;
+        for (int& x : p) x = x == ts[w].first ? ts[w].second : x == ts[w].second ? ts[w].first : x;
+      }
+    auto it = shortest.find(p);
+    auto used = [&](const std::vector<int>& ws) { return int(std::count_if(ws.begin(), ws.end(), [](int w) { return w; })); };
+    if (keep(p) && (it == shortest.end() || len < used(it->second))) shortest[p] = word;
+    int j = 0;
+    while (j < n_h && ++word[j] == int(ts.size())) word[j++] = 0;
+    if (j == n_h) break;
   }
+  for (const auto& [p, w] : shortest) {
+    std::vector<std::vector<double>> keys;
+    for (int x : w) {
+      std::vector<double> k;
+      if (x) k.assign(n, 0.0), k[ts[x].first] = r, k[ts[x].second] = -r;
+      keys.push_back(k);
+    }
+    g.keys.push_back(keys);
+    std::vector<double> m(size_t(n) * n, 0.0);
+    for (int i = 0; i < n; ++i) m[p[i] * n + i] = 1.0;
+    g.mats.push_back(m);
+  }
+  return g;
 }
 
 TEST(DeltaRuleCudaChunked, ExactTrackersThroughTenThousandTokens) {
   LRNN_REQUIRE_GPU();
   using lrnn::cuda::GemmPrecision;
-  for (const GroupWord& g : {parity_group(), cyclic5(), symmetric3()}) {
-    check_tracker(g, GemmPrecision::FP32, "fp32");
-    check_tracker(g, GemmPrecision::TF32, "TF32");
-    check_tracker(g, GemmPrecision::BF16, "bf16");
+  const GroupWord s5 = permutations("S5", 5, 4, [](const std::vector<int>&) { return true; });
+  ASSERT_EQ(s5.mats.size(), 120u);
+  // Z5 as the powers of the 5-cycle 0 -> 1 -> 2 -> 3 -> 4 -> 0, four transpositions each.
+  const GroupWord z5 = permutations("Z5 (5-cycles)", 5, 4, [](const std::vector<int>& p) {
+    for (int s = 0; s < 5; ++s) {
+      bool shift = true;
+      for (int i = 0; i < 5; ++i) shift = shift && p[i] == (i + s) % 5;
+      if (shift) return true;
+    }
+    return false;
+  });
+  ASSERT_EQ(z5.mats.size(), 5u);
+  for (const GroupWord& g : {parity_group(), symmetric3(), z5, s5}) {
+    check_tracker(g, GemmPrecision::FP32, "fp32", 1e-2);
+    check_tracker(g, GemmPrecision::TF32, "TF32", 0.1);
+    check_tracker(g, GemmPrecision::BF16, "bf16", 0.1);
   }
+  // Z5 as rotations by 72 j degrees (two reflections across lines at an angle of 36 j degrees):
+  // the keys' directions are not representable, and a rotation composed from rounded keys turns
+  // by a rounded angle, an error every occurrence repeats (2^-9 radians or so in bf16, over ~2,000
+  // occurrences of each element). That is the inputs' precision, not the chunked form's: fp32 only.
+  check_tracker(cyclic5(), GemmPrecision::FP32, "fp32", 1e-2);
 }
 
 // A sequence read in two pieces with the state carried (inference) equals one read whole, and

@@ -37,16 +37,37 @@
 // are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
 // beta <= 2), so bounded, and beta up to 2 does not make them grow. Every matrix product rounds its
 // inputs to TF32 (10-bit mantissa, relative error 2^-11) or bf16 (8 bits, 2^-9) and accumulates in
-// fp32; the state, Tinv and all accumulators stay fp32 (only their copies read by a product are
-// rounded), and G sums in double (as on the CPU). The state is carried from chunk to chunk by one
-// product each, its old value added in fp32, so the rounding grows with the number of chunks
-// (T/64), not tokens. With GemmPrecision::FP32 every product runs as three TF32 products (the
-// operands split into a TF32 part and a TF32 remainder: fp32-level accuracy), which is what the
-// tests use to compare against the CPU reference at fp32 tolerance. The TF32 and bf16 errors
-// against an fp64 reference are measured in tests/cuda/test_delta_rule_cuda.cpp against those of
-// the fp64 recurrence run on q, k, v rounded the same way: on an H200 (T 1024, head dim 128,
-// beta in (0, 2), with and without a gate) 1.0-2.5x for TF32 and 0.9-2.0x for bf16, though the
-// kernels also round W, U, Tinv, P, the states and every gradient that a product reads.
+// fp32; the state, Tinv and all accumulators stay fp32, and G sums in double (as on the CPU). With
+// GemmPrecision::FP32 every product runs as three TF32 products (the operands split into a TF32
+// part and a TF32 remainder: fp32-level accuracy), which is what the tests use to compare against
+// the CPU reference at fp32 tolerance.
+//
+// Long sequences at eigenvalues of modulus 1 (beta = 2: the state-tracking regime). An error that
+// differs from chunk to chunk adds up like a random walk over the T/64 chunks, but one that every
+// occurrence of a token repeats adds up over the tokens, and at |1 - beta |k|^2| = 1 nothing damps
+// it. Rounding makes two such errors, and the kernels remove both:
+//  - A rounded unit key k~ is a little longer or shorter than 1 (bf16: |k~|^2 off by up to 2^-8),
+//    which moves the transition's eigenvalue along it, 1 - beta |k~|^2, off -1: the state along that
+//    key grows or decays geometrically. So prep rounds the keys once (every kernel reads that k~,
+//    so A = K~ K~^T and the transitions agree) and scales beta to beta~ = beta |k|^2 / |k~|^2,
+//    which puts the eigenvalue back where the fp32 key has it. The backward differentiates through
+//    beta~ with the ratio held fixed (its dependence on k is of the rounding's size).
+//  - With W, S0 or U~ rounded where they carry the state (U~ = U - W S0, S = gamma S + K~^T
+//    diag(D) U~), a chunk's transition is no longer the product of its tokens' transitions, the same
+//    way for every chunk of the same tokens. So W's product and the state kernel run at fp32
+//    accuracy (kCarry) whatever the others' precision; the products read by the outputs and the
+//    gradients keep it. The backward's carried gradient (dstate) does not get this treatment.
+// Measured on an H200 by the hand-set trackers of tests/cuda/test_delta_rule_cuda.cpp (10^4
+// tokens: parity, S3, Z5 as 5-cycles and S5 as words of reflections): with bf16 products every
+// read-out right, worst deviation 3.1e-2 (S5) where the bf16 kernels before this lost S3 after
+// 5,054 tokens; with TF32 6.9e-3. A rotation made of two reflections whose directions are not
+// representable (Z5 by 72 degrees) turns by its rounded angle at any input precision below fp32:
+// that is the inputs' precision, and no kernel removes it. The cost, on the same GPU (B 8, T 2048,
+// H 8, head dim 128, bf16 products): the state kernel 0.28 -> 0.58 ms and prep 0.35 -> 0.44 ms,
+// forward + backward 3.07 ms (the day before, another H200) -> 3.54 ms (+15 %). The TF32 and bf16 errors against an fp64 reference are
+// measured against those of the fp64 recurrence run on q, k, v rounded the same way: (T 1024, head
+// dim 128, beta in (0, 2), with and without a gate) 1.0-2.6x for TF32 and 1.2-1.9x for bf16, though
+// the kernels also round U, Tinv, P, the outputs' states and every gradient that a product reads.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -93,6 +114,20 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 // TF32 rate and half its instructions per product, every pair of inputs converted by one cvt).
 // Accumulators are fp32 in all three.
 enum class Mma { Tf32, Fp32, Bf16 };
+// The products that carry the state from chunk to chunk (W, and the state kernel's U~ = U - W S0
+// and S = gamma S + K^T diag(D) U~) run at fp32 accuracy whatever the others' precision: with their
+// operands rounded, a chunk's transition is no longer the product of its tokens' transitions, and
+// at eigenvalues of modulus 1 (beta = 2) the difference adds up over the chunks (the opening
+// comment gives the measurement).
+constexpr Mma kCarry = Mma::Fp32;
+
+// x as a product of precision MM reads it (round to nearest, as the conversions below do).
+template <Mma MM>
+__device__ __forceinline__ float operand_value(float x) {
+  if constexpr (MM == Mma::Bf16) return __bfloat162float(__float2bfloat16_rn(x));
+  else if constexpr (MM == Mma::Tf32) return wmma::__float_to_tf32(x);
+  else return x;
+}
 
 // Rounds a fragment to TF32; PRECISE: the remainder (x - tf32(x), itself in TF32) goes to `lo`.
 template <bool PRECISE, class F>
@@ -461,7 +496,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   __shared__ double G[kE];
   __shared__ float beta[kE], gam[kE];
 
-  gather_rows(X, ldx, a.Kc + ch * kE * Dk, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+  float* Kg = a.Kc + ch * kE * Dk;
+  gather_rows(X, ldx, Kg, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
   gather_rows(nullptr, 0, a.Qc + ch * size_t(a.Rp) * Dk, a.q, a.Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
   if (tid < kE) {
     const Ev e = event(a, c, tid);
@@ -469,6 +505,23 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
     gam[tid] = a.g && e.ok && e.j == 0 ? a.g[tok_index(a, b, e.t) * a.H + h] : 0.f;  // the event's gate
   }
   __syncthreads();
+  if constexpr (MM != Mma::Fp32) {
+    // The keys as the products read them, k~ (rounded: every kernel reads these), and beta~ = beta
+    // |k|^2 / |k~|^2, which keeps each transition's eigenvalue along its key, 1 - beta |k|^2, as
+    // the fp32 key gives it (the file's opening comment says why).
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int i = warp; i < kE; i += kPrepThreads / 32) {
+      float n = 0.f, nr = 0.f;
+      for (int col = lane; col < Dk; col += 32) {
+        const float x = X[i * ldx + col], xr = operand_value<MM>(x);
+        X[i * ldx + col] = Kg[size_t(i) * Dk + col] = xr;
+        n += x * x, nr += xr * xr;
+      }
+      for (int o = 16; o; o >>= 1) n += __shfl_xor_sync(kFull, n, o), nr += __shfl_xor_sync(kFull, nr, o);
+      if (lane == 0 && nr > 0.f) beta[i] *= n / nr;
+    }
+    __syncthreads();
+  }
   if (tid == 0) {
     double acc = 0;
     for (int i = 0; i < kE; ++i) G[i] = acc += double(gam[i]);
@@ -518,7 +571,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   });
   each(kE, Dk, [&](int i, int col) { X[i * ldx + col] *= beta[i] * gam[i]; });
   __syncthreads();
-  mm<false, false, MM>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
+  // W carries the state from chunk to chunk (U~ = U - W S0): at fp32 accuracy (kCarry).
+  mm<false, false, kCarry>(a.W + ch * kE * Dk, Dk, Tn, kLdE, X, ldx, kE, Dk, kE, 1.f);
   __syncthreads();
   gather_rows(X, ldx, nullptr, a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); }, beta);
   __syncthreads();
@@ -1036,7 +1090,7 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch<state_kernel<P>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+  launch<state_kernel<kCarry>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
   if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
 }
 
