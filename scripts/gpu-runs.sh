@@ -8,6 +8,9 @@
 #   scripts/gpu-runs.sh BIN_DIR OUT_DIR SECONDS 'NAME: lrnn train arguments' ...
 #   RESUME_FROM=DIR: unpack DIR/run-NAME.tgz first and continue NAME with `train --resume`.
 #   DEVICE=cpu: try it without a GPU.
+# Next to other work in one device call, start it with `scripts/gpu-runs.sh ... & runs=$!` and end
+# with `wait $runs`: a loop on `pgrep -f gpu-runs.sh` never ends, since the call's own command line
+# matches too (two calls ran to their time limit that way).
 # Example:
 #   scripts/gpu-runs.sh .gpu-pack "$OUT" 540 \
 #     'a: --config configs/state_tracking/s5_deltaproduct_nh4_neg_curriculum.yaml' \
