@@ -64,10 +64,11 @@
 // representable (Z5 by 72 degrees) turns by its rounded angle at any input precision below fp32:
 // that is the inputs' precision, and no kernel removes it. The cost, on the same GPU (B 8, T 2048,
 // H 8, head dim 128, bf16 products): the state kernel 0.28 -> 0.58 ms and prep 0.35 -> 0.44 ms,
-// forward + backward 3.07 ms (the day before, another H200) -> 3.54 ms (+15 %). The TF32 and bf16 errors against an fp64 reference are
-// measured against those of the fp64 recurrence run on q, k, v rounded the same way: (T 1024, head
-// dim 128, beta in (0, 2), with and without a gate) 1.0-2.6x for TF32 and 1.2-1.9x for bf16, though
-// the kernels also round U, Tinv, P, the outputs' states and every gradient that a product reads.
+// forward + backward 3.07 ms (the day before, another H200) -> 3.54 ms (+15 %).
+// The TF32 and bf16 errors against an fp64 reference are measured against those of the fp64
+// recurrence run on q, k, v rounded the same way: (T 1024, head dim 128, beta in (0, 2), with and
+// without a gate) 1.0-2.6x for TF32 and 1.2-1.9x for bf16, though the kernels also round U, Tinv,
+// P, the outputs' states and every gradient that a product reads.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
