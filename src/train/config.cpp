@@ -38,6 +38,9 @@ void TrainingConfig::describe(io::Schema& s) {
       .add("curriculum_loss", &curriculum_loss, "mean epoch loss below which the curriculum adds a position", 0.0, 1e6)
       .add("curriculum_every", &curriculum_every,
            "steps per curriculum epoch (0 = one pass over task.train_pool, rounded up)", 0, 1e12)
+      .add("curriculum_lr_factor", &curriculum_lr_factor,
+           "once the curriculum covers the whole sequence, the learning rate (the schedule's) times this; 1 = unchanged",
+           1e-6, 1.0)
       .add("seed", &seed, "seed of initialisation and data", 0, 9.007e15)
       .add("device", &device, "where to train", {"cpu", "cuda"})
       .add("precision", &precision,
@@ -87,6 +90,9 @@ ExperimentConfig ExperimentConfig::from_yaml(YAML::Node root, const std::string&
                     "micro-batches, got {}", source, c.training.batch_size, c.training.gradient_accumulation_steps);
   if (c.training.min_lr > c.training.lr)
     LRNN_USER_ERROR("{}: training.min_lr: must not exceed training.lr ({}), got {}", source, c.training.lr, c.training.min_lr);
+  if (c.training.curriculum == 0 && c.training.curriculum_lr_factor != 1.0)
+    LRNN_USER_ERROR("{}: training.curriculum_lr_factor: applies once a curriculum is complete, and "
+                    "training.curriculum is 0", source);
   if (c.training.curriculum > 0 && c.training.curriculum_every == 0 && c.task.train_pool == 0)
     LRNN_USER_ERROR("{}: training.curriculum: its epochs are passes over task.train_pool, which is 0 (fresh data "
                     "every step); set task.train_pool, or training.curriculum_every to the steps per epoch", source);

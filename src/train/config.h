@@ -34,6 +34,10 @@ struct TrainingConfig {
   int curriculum = 0;
   double curriculum_loss = 0.3;
   int64_t curriculum_every = 0;
+  // Once the curriculum covers the whole sequence, the learning rate is multiplied by this (1:
+  // unchanged): a constant learning rate keeps Adam's steps large when the loss is ~1e-5, and one
+  // S5 run fell back to chance that way.
+  double curriculum_lr_factor = 1.0;
   int64_t seed = 0;
   std::string device = "cpu";
   std::string precision = "bf16";  // CUDA only: bf16 | tf32 | fp32 (cuda::GemmPrecision); the CPU computes in fp32

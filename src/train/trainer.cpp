@@ -236,6 +236,7 @@ std::string schedule_json(const TrainingConfig& tc) {
     j["curriculum"] = tc.curriculum;
     j["curriculum_loss"] = tc.curriculum_loss;
     j["curriculum_every"] = tc.curriculum_every;
+    if (tc.curriculum_lr_factor != 1.0) j["curriculum_lr_factor"] = tc.curriculum_lr_factor;
   }
   return j.dump();
 }
@@ -577,7 +578,8 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
     double weight = 1.0;
     Batch b = task->train_batch_of_rank(uint64_t(tc.seed), step, tc.batch_size, cfg.task.train_len, world.rank,
                                         world.size, &weight);
-    const double lr = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr);
+    const double lr = lr_at(step, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr) *
+                      (curriculum.on() && curriculum.complete() ? tc.curriculum_lr_factor : 1.0);
     engine->step(b, step, lr, weight);
     tokens += int64_t(b.B) * b.T * world.size;
     st.step = step + 1;
@@ -596,8 +598,11 @@ TrainSummary train(const ExperimentConfig& cfg, const TrainOptions& opt) {
         ++curriculum.positions;
         task->set_supervised_prefix(curriculum.prefix());
         progress.message(fmt::format("curriculum at step {}: epoch loss {:.4f} < {}; the loss now covers {} of {} "
-                                     "positions", st.step, mean, curriculum.threshold,
-                                     std::min(curriculum.positions, curriculum.full), curriculum.full));
+                                     "positions{}", st.step, mean, curriculum.threshold,
+                                     std::min(curriculum.positions, curriculum.full), curriculum.full,
+                                     curriculum.complete() && tc.curriculum_lr_factor != 1.0
+                                         ? fmt::format("; the learning rate times {} from here on", tc.curriculum_lr_factor)
+                                         : std::string()));
       }
     }
     bool log_now = st.step % cfg.logging.log_every == 0 || st.step == tc.num_steps;

@@ -220,6 +220,40 @@ TEST(Curriculum, ARunResumesAfterItsCurriculumIsComplete) {
   EXPECT_EQ(read_text(dir / "c" / "model.safetensors"), read_text(dir / "a" / "model.safetensors"));
 }
 
+// training.curriculum_lr_factor: from the first step after the curriculum is complete (after step
+// 28 here, as above) the learning rate is the schedule's times the factor, before that the
+// schedule's own; a run killed after that point and resumed ends with the uninterrupted run's
+// weights; a resume may not change the factor; without a curriculum the key is refused.
+TEST(Curriculum, LearningRateFactorOnceComplete) {
+  auto dir = temp_dir("curriculum_lr_factor");
+  ASSERT_EQ(train(dir, "plain", {"training.num_steps=40"}).code, 0);
+  ASSERT_EQ(train(dir, "a", {"training.num_steps=40", "training.curriculum_lr_factor=0.1"}).code, 0);
+  const auto plain = lines_of(dir / "plain", "train"), scaled = lines_of(dir / "a", "train");
+  ASSERT_EQ(plain.size(), 40u);
+  ASSERT_EQ(scaled.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const int step = int(plain[i]["step"]);  // (the step just taken is step - 1)
+    const double want = double(plain[i]["lr"]) * (step > 28 ? 0.1 : 1.0);
+    EXPECT_NEAR(double(scaled[i]["lr"]), want, 1e-6 * want + 1e-15) << "step " << step;
+  }
+  EXPECT_NE(read_text(dir / "a" / "model.safetensors"), read_text(dir / "plain" / "model.safetensors"));
+
+  setenv("LRNN_FAULT_KILL_AFTER_STEP", "33", 1);
+  auto k = train(dir, "b", {"training.num_steps=40", "training.curriculum_lr_factor=0.1"});
+  unsetenv("LRNN_FAULT_KILL_AFTER_STEP");
+  ASSERT_NE(k.code, 0) << "the fault injection did not kill the run";
+  auto changed = run_lrnn("train --resume " + (dir / "b").string() + " --set training.curriculum_lr_factor=0.5");
+  EXPECT_EQ(changed.code, 2) << changed.out;
+  EXPECT_NE(changed.out.find("curriculum_lr_factor"), std::string::npos) << changed.out;
+  auto r = run_lrnn("train --resume " + (dir / "b").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_text(dir / "b" / "model.safetensors"), read_text(dir / "a" / "model.safetensors"));
+
+  auto none = train(dir, "none", {"training.curriculum=0", "training.curriculum_lr_factor=0.5"});
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("training.curriculum_lr_factor"), std::string::npos) << none.out;
+}
+
 TEST(Curriculum, ConfigsThatCannotWorkAreRefused) {
   auto dir = temp_dir("curriculum_bad");
   auto answer = train(dir, "parity", {"task.name=parity", "task.group=S3", "task.bos=false", "task.train_len=[3,12]",
