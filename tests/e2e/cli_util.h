@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <fcntl.h>
