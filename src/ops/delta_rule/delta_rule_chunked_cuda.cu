@@ -55,8 +55,9 @@
 //  - With W, S0 or U~ rounded where they carry the state (U~ = U - W S0, S = gamma S + K~^T
 //    diag(D) U~), a chunk's transition is no longer the product of its tokens' transitions, the same
 //    way for every chunk of the same tokens. So W's product and the state kernel run at fp32
-//    accuracy (kCarry) whatever the others' precision; the products read by the outputs and the
-//    gradients keep it. The backward's carried gradient (dstate) does not get this treatment.
+//    accuracy (kCarry) whatever the others' precision, and so do the two products of the dstate
+//    kernel that carry dS back (K dS, W^T dU~); the products read by the outputs and the other
+//    gradients keep the chosen precision.
 // Measured on an H200 by the hand-set trackers of tests/cuda/test_delta_rule_cuda.cpp (10^4
 // tokens: parity, S3, Z5 as 5-cycles and S5 as words of reflections): with bf16 products every
 // read-out right, worst deviation 3.1e-2 (S5) where the bf16 kernels before this lost S3 after
@@ -737,7 +738,9 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
       gam[tid] = expf(float(G[tid]));
       D[tid] = expf(float(G[kE - 1] - G[tid]));
     }
-    mm<false, false, MM>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
+    // The two products that carry dS from chunk to chunk (K dS here, W^T dU~ below) at fp32
+    // accuracy (kCarry), as the state kernel's.
+    mm<false, false, kCarry>(dU, ldS, Ks, ldK, dS, ldS, kE, BV, Dk, 1.f);
     __syncthreads();
     issue_k(c - 1);
     each(kE, BV, [&](int i, int col) { dU[i * ldS + col] *= D[i]; });
@@ -755,7 +758,7 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
     issue_q(c - 1);
     __pipeline_wait_prior(3);  // W
     __syncthreads();
-    mm<true, false, MM>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
+    mm<true, false, kCarry>(dS, ldS, Ws, ldK, dU, ldS, Dk, BV, kE, -1.f, dS, ldS, 1.f);
   }
 }
 
