@@ -435,7 +435,9 @@ TEST(DeltaRuleCudaChunked, LongSequence) {
 // 0.7 or more), and every output and the final state within `bound` of the exact ones. Measured
 // on an H200 (2026-11-28), worst output deviation with fp32 / TF32 / bf16 products: parity 0 / 0 /
 // 0; S3 1.0e-3 / 3.0e-3 / 1.5e-3; Z5 as 5-cycles 3.1e-3 / 1.4e-2 / 3.1e-2; S5 2.9e-3 / 6.9e-3 /
-// 3.0e-2; Z5 as rotations (fp32) 6.8e-4; final states within 1.2e-3. Hence the bounds 1e-2 (fp32)
+// 3.0e-2; Z5 as rotations (fp32) 6.8e-4; final states within 1.2e-3. With the carry as three
+// bf16 products (Mma::Bf16x3, the TF32 and bf16 modes' carry since), same day: TF32 / bf16 S3
+// 3.8e-3 / 1.8e-3, Z5 as 5-cycles 1.5e-2 / 3.1e-2, S5 7.4e-3 / 3.0e-2. Hence the bounds 1e-2 (fp32)
 // and 0.1 (TF32, bf16), over 3x the worst. Before the kernels carried the state at fp32 accuracy
 // and corrected beta for the rounded keys (delta_rule_chunked_cuda.cu), bf16 products lost S3
 // after 5,054 tokens (332 read-outs wrong) and Z5 as rotations after 373; TF32 let the rotations'
@@ -524,10 +526,11 @@ void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const cha
 
 // The backward through the same trackers (value_gradient_deviation: the gradient of the last
 // read-out carried back through all 10^4 tokens, dstate's walk). Every value gradient must lie
-// within `bound` |q| of the exact one. Bounds not yet measured on a GPU: fp32 products 3e-3 (the
-// CPU's fp32 chunked form, tests/ops/test_delta_rule_chunked.cpp, reaches 6.4e-4), TF32 and bf16
-// 3e-2 (the forward's errors were at most 4e-4 and 4e-3 of |q|, and dstate's products carry the
-// gradient in the products' own precision).
+// within `bound` |q| of the exact one. Measured on an H200 (2026-11-28), worst over the four
+// trackers, fp32 / TF32 / bf16 products: 9.8e-4 / 3.3e-3 / 2.3e-2 (Z5 as 5-cycles; S5 1.8e-2).
+// Bounds 3e-3 / 2e-2 / 6e-2. The kernels before dstate carried dS at fp32 accuracy (K dS and
+// W^T dU~ in the products' own precision) gave 3.8e-2 and 8.1e-2 with TF32 and 0.17 with bf16 on
+// Z5 and S5, and fail these bounds.
 void check_tracker_gradient(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name, double bound) {
   SCOPED_TRACE(std::string(g.name) + ", gradient, " + prec_name);
   const TrackerInput in = tracker_input(g, 10000, 32);
@@ -571,8 +574,8 @@ TEST(DeltaRuleCudaChunked, ExactTrackersBackwardThroughTenThousandTokens) {
   using lrnn::cuda::GemmPrecision;
   for (const GroupWord& g : exact_trackers()) {
     check_tracker_gradient(g, GemmPrecision::FP32, "fp32", 3e-3);
-    check_tracker_gradient(g, GemmPrecision::TF32, "TF32", 3e-2);
-    check_tracker_gradient(g, GemmPrecision::BF16, "bf16", 3e-2);
+    check_tracker_gradient(g, GemmPrecision::TF32, "TF32", 2e-2);
+    check_tracker_gradient(g, GemmPrecision::BF16, "bf16", 6e-2);
   }
 }
 
