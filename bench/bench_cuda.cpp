@@ -18,6 +18,7 @@
 #include "cuda/runtime.h"
 #include "ops/linear/linear_cuda.h"
 #include "train/engine.h"
+#include "train/schedule.h"
 
 using namespace lrnn;
 using Clock = std::chrono::steady_clock;
@@ -47,15 +48,16 @@ double time_steps(const ExperimentConfig& cfg, int steps, bool graphs, bool fres
   auto task = create_task(cfg.task);
   const auto& tc = cfg.training;
   Batch fixed = task->train_batch(0, 0, tc.batch_size, cfg.task.train_len);
-  for (int s = 0; s < 20; ++s) engine->step(fixed, s, 0);
+  auto lr = [&](int s) { return lr_at(s, tc.num_steps, tc.warmup_steps, tc.lr, tc.min_lr); };  // the schedule's
+  for (int s = 0; s < 20; ++s) engine->step(fixed, s, lr(s));
   engine->stats();  // synchronises
   auto t0 = Clock::now();
   for (int s = 20; s < 20 + steps; ++s) {
     if (fresh_data) {
       Batch b = task->train_batch(0, s, tc.batch_size, cfg.task.train_len);
-      engine->step(b, s, 0);
+      engine->step(b, s, lr(s));
     } else {
-      engine->step(fixed, s, 0);
+      engine->step(fixed, s, lr(s));
     }
   }
   EngineStats e = engine->stats();

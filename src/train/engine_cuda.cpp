@@ -117,10 +117,10 @@ class CudaEngine final : public Engine {
       sync("the first collectives (every rank must reach them)");
       dev_->grads.zero();
     }
-    std::vector<float> lr(std::max<int64_t>(tc_.num_steps, 1));
-    for (int64_t s = 0; s < int64_t(lr.size()); ++s)
-      lr[s] = float(lr_at(s, tc_.num_steps, tc_.warmup_steps, tc_.lr, tc_.min_lr));
-    lr_table_.upload(lr);
+    lr_host_.assign(size_t(std::max<int64_t>(tc_.num_steps, 1)), 0.f);
+    for (int64_t s = 0; s < int64_t(lr_host_.size()); ++s)
+      lr_host_[s] = float(lr_at(s, tc_.num_steps, tc_.warmup_steps, tc_.lr, tc_.min_lr));
+    lr_table_.upload(lr_host_);
     loss_acc_.resize(1);  // the step's loss while micro-batches accumulate (not allocated inside a capture)
     ops::cuda::StepStats s{};
     s.step = st.step;
@@ -129,13 +129,13 @@ class CudaEngine final : public Engine {
     stats_.upload(&s, 1);
   }
 
-  void step(const Batch& b, int64_t step, double, double weight = 1.0) override {
+  void step(const Batch& b, int64_t step, double lr, double weight = 1.0) override {
     const size_t n = size_t(b.B) * b.T;
     if (n > tokens_.size()) {  // grow the fixed input buffers (rare: graphs over the old ones go)
       cuda::synchronize();
       tokens_.resize(n);
       labels_.resize(n);
-      for (auto& s : staging_) s.resize(2 * n + 1);
+      for (auto& s : staging_) s.resize(2 * n + 2);
       drop_graphs();
     }
     // Stage the batch: wait until this slot's previous copy has left, fill it, queue the copy.
@@ -153,6 +153,18 @@ class CudaEngine final : public Engine {
     LRNN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), pin, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
     LRNN_CUDA_CHECK(
         cudaMemcpyAsync(labels_.data(), pin + n, n * sizeof(int32_t), cudaMemcpyHostToDevice, cuda::stream()));
+    // The captured step reads its learning rate from the schedule's table on the device. When the
+    // trainer's differs (training.curriculum_lr_factor), this step's entry is rewritten first, in
+    // stream order.
+    const float want = float(lr);
+    LRNN_CHECK(step >= 0 && step < int64_t(lr_host_.size()), "step {} outside the schedule's {} steps", step,
+               lr_host_.size());
+    if (want != lr_host_[size_t(step)]) {
+      std::memcpy(pin + 2 * n + 1, &want, sizeof want);
+      LRNN_CUDA_CHECK(cudaMemcpyAsync(lr_table_.data() + step, pin + 2 * n + 1, sizeof want, cudaMemcpyHostToDevice,
+                                      cuda::stream()));
+      lr_host_[size_t(step)] = want;
+    }
     LRNN_CUDA_CHECK(cudaEventRecord(events_[slot], cuda::stream()));
 
     const int gen = dev_->generation();
@@ -344,6 +356,7 @@ class CudaEngine final : public Engine {
   bool dense_labels_ = false;
   std::unique_ptr<DeviceModel> dev_;
   cuda::Buffer<float> m_, v_, lr_table_, loss_acc_;
+  std::vector<float> lr_host_;  // lr_table_ as on the device
   cuda::Buffer<uint8_t> decay_;
   cuda::Buffer<ops::cuda::StepStats> stats_;
   cuda::Buffer<int32_t> tokens_, labels_, eval_tokens_;

@@ -11,6 +11,7 @@
 #include "models/core_frame.h"
 #include "models/device_model.h"
 #include "ops/delta_rule/delta_rule_cuda.h"
+#include "train/schedule.h"
 #include "train/trainer.h"
 
 using namespace lrnn;
@@ -192,6 +193,43 @@ TEST(ModelCuda, ResumeAfterKillContinuesTheRun) {
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], a[i]) << "step " << i + 1;
+}
+
+// training.curriculum_lr_factor on the GPU: the captured step reads its learning rate from the
+// schedule's table on the device, so the engine must write the trainer's scaled rate there. The
+// logged rate is the one the device's optimizer used (its step statistics). S3 words of length 8
+// (9 targets), a pool of 64 in batches of 16 (an epoch: 4 steps), a threshold every epoch meets:
+// the curriculum is complete after step 28, and from step 29 on the rate is the schedule's x 0.1.
+// (Before the engine did this, the GPU ignored the factor: an S5 run logged the schedule's rate.)
+TEST(ModelCuda, CurriculumLearningRateFactorReachesTheDevice) {
+  LRNN_REQUIRE_GPU();
+  auto dir = test::temp_dir("cuda_curriculum_lr");
+  test::write_text(dir / "run.yaml", R"(training:
+  num_steps: 40
+  batch_size: 16
+  lr: 3.0e-3
+  min_lr: 0
+  warmup_steps: 0
+  seed: 5
+  curriculum: 2
+  curriculum_loss: 1.0e+6
+  curriculum_lr_factor: 0.1
+  device: cuda
+model: {model_type: gated_deltaproduct, hidden_size: 16, num_hidden_layers: 1, num_heads: 2, head_dim: 8,
+        num_householder: 2, allow_neg_eigval: true, use_short_conv: false}
+task: {name: word_problem, group: S3, bos: true, train_len: [8, 8], eval_len: [8, 10], eval_samples: 16,
+       train_pool: 64}
+logging: {log_every: 1, progress: none}
+)");
+  auto r = test::run_lrnn("train --config " + (dir / "run.yaml").string() + " --out " + (dir / "run").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = test::lines_of(dir / "run", "train");
+  ASSERT_EQ(lines.size(), 40u);
+  for (const auto& l : lines) {
+    const int step = int(l["step"]);  // (the step just taken is step - 1)
+    const double want = lr_at(step - 1, 40, 0, 3e-3, 0) * (step > 28 ? 0.1 : 1.0);
+    EXPECT_NEAR(double(l["lr"]), want, 1e-6 * want + 1e-12) << "step " << step;
+  }
 }
 
 // The P1 parity model (DeltaNet d=128, 2 layers, 4 heads, [-1,1]; public-protocol batch 256,
