@@ -62,8 +62,9 @@
 //    gradients keep the chosen precision.
 // Measured on an H200 (2026-11-28) by the hand-set trackers of tests/cuda/test_delta_rule_cuda.cpp
 // (10^4 tokens: parity, S3, Z5 as 5-cycles and S5 as words of reflections):
-//  - forward: with bf16 products every read-out right, worst deviation 3.0e-2 (S5), where the bf16
-//    kernels without these two remedies lost S3 after 5,054 tokens; with TF32 7.4e-3;
+//  - forward: with bf16 products every read-out right, worst deviation 3.1e-2 (Z5 as 5-cycles; S5
+//    3.0e-2), where the bf16 kernels without these two remedies lost S3 after 5,054 tokens; with
+//    TF32 1.5e-2 (S5 7.4e-3);
 //  - backward (the last read-out's value gradients through all 10^4 tokens): worst 2.3e-2 |q| with
 //    bf16 products and 3.3e-3 with TF32; with dstate's two carrying products in the products' own
 //    precision it was 0.17 (bf16) and 8.1e-2 (TF32);
@@ -73,8 +74,9 @@
 // turns by its rounded angle at any input precision below fp32: that is the inputs' precision, and
 // no kernel removes it. The cost, in one run on one H200 (B 8, T 2048, H 8, head dim 128, bf16
 // products, forward + backward): no remedy (the day before, another H200) 3.07 ms; the remedies
-// with the carry as Fp32 and dstate uncarried 3.52 ms (state kernel 0.58 ms); as here, 3.28 ms
-// (state kernel 0.34 ms, dstate 0.53 ms). At B 8, T 4096, H 16: 13.73 -> 12.75 ms.
+// with the carry as Fp32 and dstate uncarried 3.52 ms (state kernel 0.58 ms, dstate 0.48 ms, from
+// the call before); as here, 3.28 ms (state kernel 0.34 ms, dstate 0.53 ms). At B 8, T 4096,
+// H 16: 13.73 -> 12.75 ms.
 // The TF32 and bf16 errors against an fp64 reference are measured against those of the fp64
 // recurrence run on q, k, v rounded the same way: (T 1024, head dim 128, beta in (0, 2), with and
 // without a gate) 1.0-2.6x for TF32 and 1.2-1.9x for bf16, though the kernels also round U, Tinv,
