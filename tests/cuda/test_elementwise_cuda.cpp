@@ -130,8 +130,9 @@ void check_embedding(int N, int C, int V, uint64_t seed) {
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) abs_terms[size_t(tok[n]) * C + c] += std::fabs(dout[size_t(n) * C + c]);
   expect_close(dDW.download(), dW, sum_atol(max_of(abs_terms)), kSumRtol, "embedding dW");
-  // Small vocabularies (and C % 4 == 0) take the deterministic path: the same bits every run.
-  if (V <= gpu::kEmbDetMaxV && C % 4 == 0) {
+  // Vocabularies up to kEmbDetMaxV whose V x C floats the device scratch holds take the
+  // deterministic path: the same bits every run.
+  if (V <= gpu::kEmbDetMaxV && size_t(V) * C * sizeof(float) <= ::lrnn::cuda::kScratchBytes) {
     const auto first = dDW.download();
     auto again = to_device(dW0);
     gpu::embedding_backward(again.data(), dDout.data(), dTok.data(), N, C, V);
@@ -141,15 +142,20 @@ void check_embedding(int N, int C, int V, uint64_t seed) {
 
 TEST(CudaElementwise, Embedding) {
   LRNN_REQUIRE_GPU();
-  check_embedding(37, 129, 5, 1);      // scalar forward, 2 channel tiles, one partial chunk
+  check_embedding(37, 129, 5, 1);      // scalar forward, 5 channel tiles (the last of 1), one partial chunk
   check_embedding(1, 7, 3, 2);         // a single token
   check_embedding(600, 128, 64, 3);    // float4 forward, 3 chunks (last partial)
   check_embedding(1000, 32, 3, 4);     // long runs of equal tokens
   check_embedding(10240, 128, 64, 5);  // a training batch
-  check_embedding(300, 16, 1000, 6);   // larger vocabulary than a chunk: mostly distinct tokens
-  check_embedding(40960, 128, 3, 7);   // the P1 parity step at B = 1024 (deterministic path)
-  check_embedding(5000, 260, 16, 8);   // deterministic path, 3 channel tiles, the largest V
-  check_embedding(777, 64, 17, 9);     // just above it: atomics
+  check_embedding(300, 16, 1000, 6);   // larger vocabulary than a chunk: mostly distinct tokens (atomics)
+  check_embedding(40960, 128, 3, 7);   // the P1 parity step at B = 1024 (8 warps a block)
+  check_embedding(5000, 260, 16, 8);   // 9 channel tiles
+  check_embedding(777, 64, 17, 9);     // 8 warps; 777 tokens over 4 blocks, remainders of the unrolled walk
+  check_embedding(33024, 128, 122, 10);  // S5 with BOS, 256 words of 129 (3 warps a block)
+  check_embedding(3000, 100, 193, 11);   // 1 warp a block
+  check_embedding(2000, 64, gpu::kEmbDetMaxV, 12);      // the largest deterministic vocabulary
+  check_embedding(2000, 64, gpu::kEmbDetMaxV + 1, 13);  // just above it: atomics
+  check_embedding(600, 8200, 300, 14);  // V x C floats more than the scratch holds: atomics
 }
 
 // ---------------------------------------------------------------------------------------------

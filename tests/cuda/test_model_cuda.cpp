@@ -232,6 +232,35 @@ logging: {log_every: 1, progress: none}
   }
 }
 
+// Two GPU runs of one seed of an S5 word-problem model (the P2 recipe's shape, smaller) log the
+// same losses to the last bit: its 122 tokens take the embedding backward's deterministic path,
+// and every other sum of the Gated DeltaProduct step has a fixed order. (While vocabularies above
+// 16 took atomics, two runs of this config parted at step 4 on an H200, and two runs of the S5
+// recipe's seed 0 were 5e-5 apart at step 50.)
+TEST(ModelCuda, WordProblemRunsRepeatBitForBit) {
+  LRNN_REQUIRE_GPU();
+  const YAML::Node root = YAML::Load(R"(
+training: {num_steps: 25, batch_size: 256, lr: 1.0e-3, min_lr: 1.0e-3, warmup_steps: 0, seed: 3, checkpoint_every: 0,
+           device: cuda}
+model: {model_type: gated_deltaproduct, hidden_size: 64, num_hidden_layers: 1, num_heads: 4, head_dim: 16,
+        num_householder: 4, allow_neg_eigval: true, use_short_conv: false, use_forget_gate: false,
+        use_output_gate: false}
+task: {name: word_problem, group: S5, bos: true, train_len: [32, 32], eval_len: [32, 40], eval_samples: 64}
+logging: {log_every: 1, progress: none}
+)");
+  std::vector<double> runs[2];
+  for (int i = 0; i < 2; ++i) {
+    TrainOptions o;
+    o.quiet = true;
+    o.out_dir = test::temp_dir("cuda_s5_repeat" + std::to_string(i));
+    train(ExperimentConfig::from_yaml(root, "test_model_cuda"), o);
+    runs[i] = losses_of(o.out_dir);
+  }
+  ASSERT_EQ(runs[0].size(), 25u);
+  ASSERT_EQ(runs[1].size(), 25u);
+  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[1][i], runs[0][i]) << "step " << i + 1;
+}
+
 // The P1 parity model (DeltaNet d=128, 2 layers, 4 heads, [-1,1]; public-protocol batch 256,
 // lengths 3-40, AdamW wd 0.1) learns parity on the GPU and extrapolates to 40-256: best of up to
 // three seeds, stopping as soon as an evaluation reaches 0.99. lr 1e-2 with a 10k-step schedule:

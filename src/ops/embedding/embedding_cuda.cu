@@ -2,17 +2,20 @@
 //
 // Forward: one thread per output element (float4 when rows allow it).
 // Backward: dW[tok[n], :] += dout[n, :].
-//   Small vocabularies (V <= kEmbDetMaxV, C % 4 == 0: the papers' tasks have 3..~30 tokens),
-//   deterministic, two passes. Pass 1: block p takes a contiguous range of tokens and a tile of
-//   128 channels; each of its 8 warps sums every 8th token's dout row (a lane per 4 channels,
-//   float4) into its own [V][128] table in shared memory, in token order; the 8 tables are added
-//   in warp order and written as partials[p][V][C] to the device scratch. Pass 2 (add_partials)
-//   adds each element's partials in an order fixed by their count. The order of every sum is fixed by N, C and V alone, so
-//   runs repeat bit for bit. (With atomics, a differing order changed the loss by an ulp, which
-//   TF32 and bf16 roundings then amplified: two runs were 3e-5 apart after 20 steps.)
-//   Otherwise each block ranks (sorts) its chunk of 256 tokens in shared memory and walks them in
-//   token order: every thread owns one channel, sums dout over each run of equal tokens and
-//   issues one atomicAdd per run (at most min(V, 128) atomics per channel per half chunk).
+//   Vocabularies up to kEmbDetMaxV rows (the papers' tasks: 3 tokens for parity, 122 for S5
+//   with BOS), deterministic, two passes. Pass 1: block p takes a contiguous range of tokens and
+//   a tile of 32 channels (a lane each); each of its warps sums every W-th token's dout row into
+//   its own [V][32] table in shared memory, in token order (W = 1..8 warps, as many tables as fit
+//   kDetTableBytes: 8 for V <= 48, 3 for S5's 122, 1 from 193 on); the W tables are added in warp
+//   order and written as partials[p][V][C] to the device scratch. Pass 2 (add_partials) adds each
+//   element's partials in an order fixed by their count. The order of every sum is fixed by N, C
+//   and V alone, so runs repeat bit for bit. (With atomics, a differing order changed the loss by
+//   an ulp, which TF32 and bf16 roundings then amplified: two runs were 3e-5 apart after 20
+//   steps, and two runs of one S5 seed 5e-5 apart after 50.)
+//   Otherwise (language-model vocabularies, or V C floats more than the scratch holds) each block
+//   ranks (sorts) its chunk of 256 tokens in shared memory and walks them in token order: every
+//   thread owns one channel, sums dout over each run of equal tokens and issues one atomicAdd per
+//   run (at most min(V, 128) atomics per channel per half chunk); the order of those adds varies.
 //
 // Tokens outside [0, V) cannot be reported from the device: the forward writes NaN rows for
 // them (so the loss shows it), the backward skips them.
@@ -115,40 +118,53 @@ __global__ void __launch_bounds__(kThreads) embedding_backward_kernel(float* __r
   if (cur >= 0 && cur < V) atomicAdd(dW + size_t(cur) * C + c, acc);
 }
 
-constexpr int kDetWarps = 8;
-constexpr int kDetTile4 = 32;  // float4 columns per channel tile (128 channels)
+constexpr int kDetMaxWarps = 8;
+constexpr size_t kDetTableBytes = 48 << 10;  // shared memory per block (the default limit): several blocks per SM
+constexpr int kDetUnroll = 8;                // tokens a warp loads before it adds them: loads in flight
+static_assert(size_t(kEmbDetMaxV) * 32 * sizeof(float) <= kDetTableBytes);
 
-// grid (P, ceil(C4 / 32)), kDetWarps * 32 threads; dynamic smem kDetWarps * V * 32 float4.
-__global__ void __launch_bounds__(kDetWarps * 32) embedding_backward_partials(float* __restrict__ part,
-                                                                            const float4* __restrict__ dout,
-                                                                            const int32_t* __restrict__ tok, int N,
-                                                                            int C4, int V, int per_block) {
-  extern __shared__ float4 tab[];  // [warp][v][lane]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int c4 = blockIdx.y * kDetTile4 + lane;
-  float4* mine = tab + size_t(warp) * V * kDetTile4;
-  for (int v = 0; v < V; ++v) mine[v * kDetTile4 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+// Warps per block (tables of [V][32] floats) for a vocabulary of V rows: as many as fit, 1..8.
+int det_warps(int V) {
+  return int(std::clamp<size_t>(kDetTableBytes / (size_t(V) * 32 * sizeof(float)), 1, kDetMaxWarps));
+}
+
+// grid (P, ceil(C / 32)), det_warps(V) warps; dynamic shared memory warps * V * 32 floats.
+__global__ void embedding_backward_partials(float* __restrict__ part, const float* __restrict__ dout,
+                                            const int32_t* __restrict__ tok, int N, int C, int V, int per_block) {
+  extern __shared__ float tab[];  // [warp][v][lane]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+  const int c = blockIdx.y * 32 + lane;
+  float* mine = tab + size_t(warp) * V * 32;
+  for (int v = 0; v < V; ++v) mine[v * 32 + lane] = 0.f;
   const int n0 = blockIdx.x * per_block, n1 = min(N, n0 + per_block);
-  if (c4 < C4) {
-    for (int n = n0 + warp; n < n1; n += kDetWarps) {
+  if (c < C) {
+    int n = n0 + warp;
+    // kDetUnroll tokens at a time: their rows are loaded first, then added in token order.
+    for (; n + (kDetUnroll - 1) * W < n1; n += kDetUnroll * W) {
+      int t[kDetUnroll];
+      float x[kDetUnroll];
+#pragma unroll
+      for (int u = 0; u < kDetUnroll; ++u) {
+        t[u] = tok[n + u * W];
+        x[u] = dout[size_t(n + u * W) * C + c];
+      }
+#pragma unroll
+      for (int u = 0; u < kDetUnroll; ++u)
+        if (t[u] >= 0 && t[u] < V) mine[t[u] * 32 + lane] += x[u];
+    }
+    for (; n < n1; n += W) {
       const int t = tok[n];
-      const float4 x = dout[size_t(n) * C4 + c4];
-      if (t < 0 || t >= V) continue;
-      float4& a = mine[t * kDetTile4 + lane];
-      a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+      if (t >= 0 && t < V) mine[t * 32 + lane] += dout[size_t(n) * C + c];
     }
   }
   __syncthreads();
-  float4* out = reinterpret_cast<float4*>(part) + size_t(blockIdx.x) * V * C4;
-  for (int e = threadIdx.x; e < V * kDetTile4; e += blockDim.x) {
-    const int v = e / kDetTile4, cc = blockIdx.y * kDetTile4 + e % kDetTile4;
-    if (cc >= C4) continue;
-    float4 s = tab[e];
-    for (int w = 1; w < kDetWarps; ++w) {
-      const float4 y = tab[size_t(w) * V * kDetTile4 + e];
-      s.x += y.x, s.y += y.y, s.z += y.z, s.w += y.w;
-    }
-    out[size_t(v) * C4 + cc] = s;
+  float* out = part + size_t(blockIdx.x) * V * C;
+  for (int e = threadIdx.x; e < V * 32; e += blockDim.x) {
+    const int v = e >> 5, cc = blockIdx.y * 32 + (e & 31);
+    if (cc >= C) continue;
+    float s = tab[e];
+    for (int w = 1; w < W; ++w) s += tab[size_t(w) * V * 32 + e];
+    out[size_t(v) * C + cc] = s;
   }
 }
 
@@ -173,24 +189,15 @@ void embedding_forward(float* out, const int32_t* tok, const float* W, int N, in
 void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N, int C, int V) {
   if (N <= 0 || C <= 0 || V <= 0) return;
   auto s = ::lrnn::cuda::stream();
-  // Partials per block: as many blocks as chunks of 256 tokens, within 1 MiB of the scratch (the
-  // budget this op was measured with; the scratch holds kScratchBytes).
+  // Partials: one block per chunk of 256 tokens (at least), as many as the scratch holds.
   const size_t per_part = size_t(V) * C * sizeof(float);
-  const int P = int(std::min<size_t>((N + kChunk - 1) / kChunk, (size_t(1) << 20) / per_part));
-  const bool det = V <= kEmbDetMaxV && C % 4 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0 && P >= 1;
-  if (det) {
-    const int per_block = (N + P - 1) / P, C4 = C / 4;
-    const size_t smem = sizeof(float4) * kDetWarps * V * kDetTile4;  // <= 64 KiB at V = 16
-    static const bool opted = [] {
-      LRNN_CUDA_CHECK(cudaFuncSetAttribute(embedding_backward_partials, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(sizeof(float4) * kDetWarps * kEmbDetMaxV * kDetTile4)));
-      return true;
-    }();
-    (void)opted;
+  const int P = int(std::min<size_t>((N + kChunk - 1) / kChunk, ::lrnn::cuda::kScratchBytes / per_part));
+  if (V <= kEmbDetMaxV && P >= 1) {
+    const int per_block = (N + P - 1) / P, W = det_warps(V);
     auto* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(P) * per_part));
-    const dim3 grid(unsigned(P), unsigned((C4 + kDetTile4 - 1) / kDetTile4));
-    embedding_backward_partials<<<grid, kDetWarps * 32, smem, s>>>(part, reinterpret_cast<const float4*>(dout), tok,
-                                                                    N, C4, V, per_block);
+    const dim3 grid(unsigned(P), unsigned((C + 31) / 32));
+    embedding_backward_partials<<<grid, W * 32, size_t(W) * V * 32 * sizeof(float), s>>>(part, dout, tok, N, C, V,
+                                                                                      per_block);
     LRNN_CUDA_LAUNCH_CHECK();
     add_partials(dW, part, P, size_t(V) * C);
     return;
