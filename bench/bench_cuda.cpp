@@ -8,6 +8,8 @@
 //   bench_cuda [steps=300]                       every model, batch 256 and 1024
 //   bench_cuda [steps] --only I                  model I only
 //   bench_cuda [steps] --profile [I=0]           per-op device time of model I
+//   bench_cuda [steps] --profile-config FILE     the same for an experiment config (its model,
+//                                                task, batch and precision; e.g. the S5 recipe)
 //   bench_cuda [steps] --gemm                    the P1 DeltaNet's GEMMs alone at 40,960 tokens
 // LRNN_BENCH_PRECISION=bf16|tf32|fp32 sets training.precision (default: the config default, bf16).
 #include <chrono>
@@ -163,25 +165,45 @@ int main(int argc, char** argv) {
     bench_gemms(steps);
     return 0;
   }
-  if (profile) {  // where one step's device time goes, per op (eager, synchronised per op)
-    for (int B : {256, 1024}) {
-      ExperimentConfig cfg = config(models[picked].yaml, B, steps);
-      cuda::set_profiling(true);
-      time_steps(cfg, 5, false, false);  // warm-up and graph-free setup
-      cuda::reset_profile();
-      time_steps(cfg, steps, false, false);
-      cuda::set_profiling(false);
-      std::printf("\nper-op device time, %s, batch %d, T 40 (ms per step, synchronised per op)\n\n",
-                  models[picked].name, B);
-      std::printf("| op | ms/step | calls/step |\n|---|---|---|\n");
-      double total = 0;
-      auto prof = cuda::profile();
-      for (auto& t : prof) total += t.ms;
-      const int n = steps + 20;
-      for (auto& t : prof)
-        std::printf("| %s | %.3f | %.0f |\n", t.name.c_str(), t.ms / n, double(t.calls) / n);
-      std::printf("| total | %.3f | |\n", total / n);
+  // Where one step's device time goes, per op (eager, synchronised per op); then the step itself
+  // as training runs it (graphs, fresh data).
+  auto profile_one = [&](const ExperimentConfig& cfg, const std::string& what) {
+    cuda::set_profiling(true);
+    time_steps(cfg, 5, false, false);  // warm-up and graph-free setup
+    cuda::reset_profile();
+    time_steps(cfg, steps, false, false);
+    cuda::set_profiling(false);
+    std::printf("\nper-op device time, %s (ms per step, synchronised per op)\n\n", what.c_str());
+    std::printf("| op | ms/step | calls/step |\n|---|---|---|\n");
+    double total = 0;
+    auto prof = cuda::profile();
+    for (auto& t : prof) total += t.ms;
+    const int n = steps + 20;
+    for (auto& t : prof) std::printf("| %s | %.3f | %.0f |\n", t.name.c_str(), t.ms / n, double(t.calls) / n);
+    std::printf("| total | %.3f | |\n", total / n);
+    std::printf("\nthe step with graphs and fresh data: %.3f ms\n", time_steps(cfg, steps, true, true) * 1e3);
+    std::fflush(stdout);
+  };
+  if (mode == "--profile-config") {
+    if (argc < 4) {
+      std::fprintf(stderr, "usage: bench_cuda [steps] --profile-config FILE\n");
+      return 2;
     }
+    try {
+      ExperimentConfig cfg = ExperimentConfig::load(argv[3], {});
+      cfg.training.num_steps = steps + 100;
+      cfg.training.device = "cuda";
+      profile_one(cfg, std::string(argv[3]) + ", batch " + std::to_string(cfg.training.batch_size));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
+  if (profile) {
+    for (int B : {256, 1024})
+      profile_one(config(models[picked].yaml, B, steps), std::string(models[picked].name) + ", batch " +
+                                                              std::to_string(B) + ", T 40");
     return 0;
   }
   const char* prec = std::getenv("LRNN_BENCH_PRECISION");

@@ -291,16 +291,22 @@ TEST(DeltaRuleCuda, DeltaProduct3GatedNearZero) {
   check(dims(2, 40, 2, 32, 32, 3, EigenRange::Signed), o);
 }
 
-// P2's S5 model (1 layer, 8 heads of 32, n_h = 4, [-1,1], BOS + 128 tokens): n_h = 4 runs the
-// lane kernels with n_h read at run time, and with more than 12 sequences per SM the backward takes
-// its register-capped build. Many sub-steps (n_h = 12 at Dk = 32) leave shared memory for fewer
-// than four warps per block: every sequence must still be computed.
+// P2's S5 model (1 layer, 8 heads of 32, n_h = 4, [-1,1], BOS + 128 tokens): at head dim 32 the
+// lane kernels take n_h = 2, 3, 4 as compile-time constants, and with more than 12 sequences per
+// SM the backward takes its register-capped build (2048 sequences here; 3 x 2 or 4 x 2 below: the
+// other build). Many sub-steps (n_h = 12 at Dk = 32, read at run time) leave shared memory for
+// fewer than four warps per block: every sequence must still be computed.
 TEST(DeltaRuleCuda, DeltaProduct4AtTheS5ShapeAndManySubSteps) {
   LRNN_REQUIRE_GPU();
   Opts o;
   o.fused = true;
   check(dims(256, 129, 8, 32, 32, 4, EigenRange::Signed), o);  // 2048 sequences
-  check(dims(2, 16, 5, 32, 32, 12, EigenRange::Signed), {});
+  check(dims(256, 40, 8, 32, 32, 3, EigenRange::Signed), o);   // n_h = 3, register-capped build
+  o.fused = false, o.gate = true;
+  check(dims(4, 70, 2, 32, 32, 4, EigenRange::Signed), o);     // n_h = 4, unbounded build, a gate
+  check(dims(2, 40, 2, 24, 20, 4, EigenRange::Unit), o);       // Dk 24 (padded to 32), Dv 20
+  o.gate = false;
+  check(dims(2, 16, 5, 32, 32, 12, EigenRange::Signed), o);
 }
 
 TEST(DeltaRuleCuda, OddSizes) {

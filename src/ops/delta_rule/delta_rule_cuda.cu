@@ -50,6 +50,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <cuda_pipeline.h>
 #include "cuda/rows.cuh"
 #include "cuda/runtime.h"
@@ -1159,13 +1160,28 @@ bool launch_lane(const Args& a, const DeltaRuleDims& d, bool bwd) {
   return true;
 }
 
+// Calls f(std::integral_constant<int, NH>) with n_h as a compile-time constant where the lane
+// kernels have it: 1 (DeltaNet) at every head size, and at DK = 32 (the DeltaProduct
+// state-tracking models, P2's 8 heads of 32) 2, 3 and 4; else NH = 0 (n_h read at run time).
+template <int DKP, class F>
+bool with_fixed_nh(int nh, F&& f) {
+  using std::integral_constant;
+  if (nh == 1) return f(integral_constant<int, 1>{});
+  if constexpr (DKP == 32) {
+    if (nh == 2) return f(integral_constant<int, 2>{});
+    if (nh == 3) return f(integral_constant<int, 3>{});
+    if (nh == 4) return f(integral_constant<int, 4>{});
+  }
+  return f(integral_constant<int, 0>{});
+}
+
 template <int DKP>
 void forward_dkp(Args a, const DeltaRuleDims& d) {
   if constexpr (DKP <= 32) {
     a.vec = vec_rows(a, false);
-    if (d.n_h == 1 ? launch_lane<DKP, delta_lane_fwd_kernel<DKP, 1>>(a, d, false)
-        : d.n_h == 2 && DKP == 32 ? launch_lane<DKP, delta_lane_fwd_kernel<DKP, DKP == 32 ? 2 : 0>>(a, d, false)
-                                  : launch_lane<DKP, delta_lane_fwd_kernel<DKP, 0>>(a, d, false))
+    if (with_fixed_nh<DKP>(d.n_h, [&](auto nh) {
+          return launch_lane<DKP, delta_lane_fwd_kernel<DKP, decltype(nh)::value>>(a, d, false);
+        }))
       return;
   }
   using Lay = Layout<DKP>;
@@ -1203,15 +1219,11 @@ void backward_dkp(Args a, const DeltaRuleDims& d) {
     // (A cap of 96 registers, 20 warps per SM, spills ~600 bytes and runs 3x slower.)
     a.vec = vec_rows(a, true);
     const bool many = a.nseq > 12 * ::lrnn::cuda::num_sms();
-    // n_h = 1 (DeltaNet) and, at DK = 32, n_h = 2 (the DeltaProduct runs) are compile-time cases.
-    constexpr int kNH2 = DKP == 32 ? 2 : 0;
-    const int nh = d.n_h == 1 ? 1 : d.n_h == 2 && DKP == 32 ? 2 : 0;
-    if (many ? (nh == 1   ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 4>>(a, d, true)
-                : nh == 2 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, kNH2, 4>>(a, d, true)
-                          : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 4>>(a, d, true))
-             : (nh == 1   ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, 1, 1>>(a, d, true)
-                : nh == 2 ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, kNH2, 1>>(a, d, true)
-                          : launch_lane<DKP, delta_lane_bwd_kernel<DKP, 0, 1>>(a, d, true)))
+    if (with_fixed_nh<DKP>(d.n_h, [&](auto nh) {
+          constexpr int NH = decltype(nh)::value;
+          return many ? launch_lane<DKP, delta_lane_bwd_kernel<DKP, NH, 4>>(a, d, true)
+                      : launch_lane<DKP, delta_lane_bwd_kernel<DKP, NH, 1>>(a, d, true);
+        }))
       return;
   }
   if (!a.accumulate) {  // overwrite: the tiled kernel adds (with atomics when columns are split)
