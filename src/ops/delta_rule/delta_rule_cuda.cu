@@ -863,8 +863,8 @@ __device__ __forceinline__ void put(float* p, float x, bool accumulate) {
   else *p = x;
 }
 
-// NH: sub-steps per token known at compile time (1: DeltaNet), or 0 (a.nh). At most 128
-// registers: 16 warps per SM (unbounded, NH = 1 takes 145 at DK = 32: 12 warps).
+// NH: sub-steps per token known at compile time (1: DeltaNet; 2-4 at DK = 32, with_fixed_nh), or 0
+// (a.nh). At most 128 registers: 16 warps per SM (unbounded, NH = 1 takes 145 at DK = 32: 12 warps).
 template <int DK, int NH>
 __global__ void __launch_bounds__(kLaneWarps * 32, 4) delta_lane_fwd_kernel(Args a) {
   extern __shared__ float4 sm4[];
