@@ -309,6 +309,19 @@ TEST(DeltaRuleCuda, DeltaProduct4AtTheS5ShapeAndManySubSteps) {
   check(dims(2, 16, 5, 32, 32, 12, EigenRange::Signed), o);
 }
 
+// Head key dim 256 (fla's Gated DeltaNet default): the tiled kernels, 16 lanes a column group (the
+// chunked form's tiles do not fit shared memory there). Dv over several column tiles (atomic
+// accumulation), a forget gate and two sub-steps, Dk padded from 200.
+TEST(DeltaRuleCuda, HeadDim256) {
+  LRNN_REQUIRE_GPU();
+  Opts o;
+  check(dims(2, 40, 2, 256, 64, 1, EigenRange::Signed), o);
+  o.gate = true;
+  check(dims(2, 33, 2, 256, 256, 2, EigenRange::Signed), o);
+  o.gate = false, o.fused = true;
+  check(dims(3, 21, 2, 200, 100, 1, EigenRange::Unit), o);
+}
+
 TEST(DeltaRuleCuda, OddSizes) {
   LRNN_REQUIRE_GPU();
   Opts o;
@@ -634,8 +647,9 @@ void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::Delta
 }
 
 // Every kernel family carries a state: the chunked form (forced, and by its own choice at head
-// dim 128 and T >= 128), the tiled recurrent kernels (head dims 64 and 100, which the chunked form
-// does not take; DeltaProduct), the lane kernels (head dim 32), and a single token (generation).
+// dim 128 and T >= 128), the tiled recurrent kernels (head dims 64, 100 and 256, which the chunked
+// form does not take; DeltaProduct), the lane kernels (head dim 32), and a single token
+// (generation).
 TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
   LRNN_REQUIRE_GPU();
   using lrnn::ops::cuda::DeltaKernel;
@@ -645,6 +659,7 @@ TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
   check_carried(dims(2, 300, 2, 128, 128, 1, EigenRange::Signed), o, DeltaKernel::Auto, "chunked, chosen");
   check_carried(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o, DeltaKernel::Tiled, "tiled, 64");
   check_carried(dims(2, 90, 3, 100, 64, 2, EigenRange::Signed), o, DeltaKernel::Auto, "tiled, 100, n_h 2");
+  check_carried(dims(2, 150, 2, 256, 128, 1, EigenRange::Signed), o, DeltaKernel::Auto, "tiled, 256");
   check_carried(dims(2, 77, 4, 32, 32, 1, EigenRange::Signed), o, DeltaKernel::Auto, "lane, 32");
   check_carried(dims(2, 70, 2, 32, 32, 3, EigenRange::Signed), o, DeltaKernel::Auto, "lane, 32, n_h 3");
   Opts plain;

@@ -43,6 +43,13 @@ TEST(ModelCuda, GatedDeltaProductMatchesCpu) {
 // gate, two sub-steps): the whole model, forward and backward, against the CPU. fp32 products
 // (three TF32 products each in the chunked kernels); 1e-3: 300 tokens of recurrence, while a wrong
 // term is an O(1) error.
+// Head dim 256 (the tiled recurrent kernels): a Gated DeltaNet, whole model against the CPU.
+TEST(ModelCuda, HeadDim256MatchesCpu) {
+  LRNN_REQUIRE_GPU();
+  compare_model("{model_type: gated_deltanet, vocab_size: 7, hidden_size: 256, num_hidden_layers: 1, num_heads: 2, "
+                "head_dim: 256, allow_neg_eigval: true}", 1e-4, 3, 50);
+}
+
 TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
   LRNN_REQUIRE_GPU();
   compare_model("{model_type: delta_net, vocab_size: 11, hidden_size: 256, num_hidden_layers: 2, num_heads: 2, "

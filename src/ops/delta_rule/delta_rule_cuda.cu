@@ -13,8 +13,10 @@
 //   * the only reduction the recurrence itself needs is over rows (S^T k, S^T q, dS^T k): a
 //     butterfly of log2(RG) __shfl_xor over the lanes of a column group, which leaves the sum
 //     in every one of them, so all RG lanes update their rows with the same u (bitwise).
-// DKP is Dk rounded up to 16/32/64/128 (the one compile-time switch); rows >= Dk and columns
-// >= Dv are zero-padded in shared memory and so stay exactly zero in S and dS.
+// DKP is Dk rounded up to 16/32/64/128/256 (the one compile-time switch); rows >= Dk and columns
+// >= Dv are zero-padded in shared memory and so stay exactly zero in S and dS. At DKP = 256 a
+// column group is 16 lanes (RG), so that a thread holds 16 rows of S, as at 128: the same
+// registers, half the columns per warp.
 // Per chunk of C = kDeltaChunk tokens the block stages k, q, v, beta logits, g (and dout) in
 // shared memory with cp.async, double-buffered where shared memory allows (the next chunk loads
 // while this one computes); `plan` picks warps per block and staging depth by the number of
@@ -74,7 +76,7 @@ static_assert(kC % kG == 0, "kG must divide the chunk");
 // Thread layout for a padded key dim DKP (see the header comment).
 template <int DKP>
 struct Layout {
-  static constexpr int RG = DKP == 16 ? 4 : 8;  // lanes per column group (split the rows)
+  static constexpr int RG = DKP == 16 ? 4 : DKP == 256 ? 16 : 8;  // lanes per column group (split the rows)
   static constexpr int NR = DKP / RG;            // rows per thread
   static constexpr int NC = 2;                   // columns per thread
   static constexpr int CGW = 32 / RG;            // column groups per warp
@@ -1050,8 +1052,8 @@ __global__ void __launch_bounds__(kLaneWarps * 32, MinBlocks) delta_lane_bwd_ker
 // Host side.
 
 int padded_dk(int Dk) {
-  LRNN_DELTA_REQUIRE(Dk >= 1 && Dk <= 128);  // head key dims up to 128
-  return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
+  LRNN_DELTA_REQUIRE(Dk >= 1 && Dk <= 256);  // head key dims up to 256
+  return Dk <= 16 ? 16 : Dk <= 32 ? 32 : Dk <= 64 ? 64 : Dk <= 128 ? 128 : 256;
 }
 
 using ::lrnn::cuda::max_smem_optin;
@@ -1248,7 +1250,8 @@ void backward_dkp(Args a, const DeltaRuleDims& d) {
     case 16: return FN<16>(__VA_ARGS__);        \
     case 32: return FN<32>(__VA_ARGS__);        \
     case 64: return FN<64>(__VA_ARGS__);        \
-    default: return FN<128>(__VA_ARGS__);       \
+    case 128: return FN<128>(__VA_ARGS__);      \
+    default: return FN<256>(__VA_ARGS__);       \
   }
 
 void run_forward(const Args& a, const DeltaRuleDims& d) { LRNN_DELTA_CUDA_DISPATCH(forward_dkp, a, d) }

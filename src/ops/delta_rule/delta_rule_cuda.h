@@ -31,7 +31,8 @@ void delta_rule_backward_varlen(float* dq, float* dk, float* dv, float* dbeta_lo
 // Which kernels run. Auto: the chunked form on tensor cores where it pays
 // (delta_rule_chunked_cuda_pays: T >= 128 at head dims >= 128), else the lane kernels (one
 // warp per (b,h), a state column per lane) where they apply (Dk <= 32 and Dv <= 32), else the
-// tiled kernels. Tiled / Chunked: always those (the tests check every path on the same shapes).
+// tiled kernels (head key dims up to 256). Tiled / Chunked: always those (the tests check every
+// path on the same shapes).
 // Process-wide; not for concurrent use.
 enum class DeltaKernel { Auto, Tiled, Chunked };
 void set_delta_rule_kernel(DeltaKernel k);
