@@ -6,7 +6,8 @@
 #   OUT/progress.tgz  every run's log and metrics.jsonl, rewritten every 30 s (so a call cut short
 #                     still returns how far the runs got);
 #   OUT/runs.tgz      at the end: every run directory (checkpoints included, so that a later call
-#                     can continue it) and its log, as NAME/ and NAME.log.
+#                     can continue it) and its log, as NAME/ and NAME.log. A returned file is at
+#                     most 16 MiB: runs with larger checkpoints go fewer to a call.
 # For runs a grid cannot express (e.g. a different learning-rate schedule per run). Keep SECONDS
 # below the device call's limit (the reply's limit_s), or only progress.tgz comes back.
 #   scripts/gpu-runs.sh PACK_DIR OUT_DIR SECONDS 'NAME: lrnn train arguments' ...
