@@ -102,6 +102,18 @@ std::string eval_table(const nlohmann::json& e) {
   for (auto& r : rows)
     out += fmt::format("{:<14}{:>10.4f}{:>11.4f}{:>9}{}\n", r.lengths, r.accuracy, r.metric, r.samples,
                        r.note.empty() ? "" : "  (" + r.note + ")");
+  // Word problems: P2's measure of length generalisation, the length up to which sequence
+  // accuracy stays at or above kReachAccuracy (what `lrnn sweep` tabulates as the reach).
+  if (const double reach = sweep::sequence_reach(e); prefix && !per.empty() && !std::isnan(reach)) {
+    const int first = per.front().first, last = per.back().first;
+    if (reach >= last)
+      out += fmt::format("sequence accuracy >= {} at every length evaluated (up to {})\n", sweep::kReachAccuracy, last);
+    else if (reach < first)
+      out += fmt::format("sequence accuracy below {} from the first length evaluated ({})\n", sweep::kReachAccuracy,
+                         first);
+    else
+      out += fmt::format("sequence accuracy >= {} up to length {}\n", sweep::kReachAccuracy, reach);
+  }
   return out;
 }
 

@@ -450,6 +450,18 @@ TEST_P(GroupTracker, CliPredictTracksFor10kTokens) {
   EXPECT_GT(r.min_margin, 0.0);
   std::printf("[tracker] cli %s: %d positions, min margin %.4f, %.2f s (with writing the run)\n", c.name, kSteps,
               r.min_margin, seconds_since(t0));
+
+  // `lrnn eval` on new words of the task: every prediction right, so sequence accuracy stays 1 up
+  // to the longest length evaluated, which its table reports as P2's measure of reach.
+  const std::string cmd = fmt::format("'{}' eval --run '{}' --set task.eval_len=[40,40] task.eval_samples=16 2>&1",
+                                      LRNN_BINARY, dir.path.string());
+  FILE* f = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[1 << 12];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(f), 0) << out;
+  EXPECT_NE(out.find("sequence accuracy >= 0.9 at every length evaluated (up to 40)"), std::string::npos) << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
