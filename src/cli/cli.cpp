@@ -104,15 +104,16 @@ std::string eval_table(const nlohmann::json& e) {
                        r.note.empty() ? "" : "  (" + r.note + ")");
   // Word problems: P2's measure of length generalisation, the length up to which sequence
   // accuracy stays at or above kReachAccuracy (what `lrnn sweep` tabulates as the reach).
-  if (const double reach = sweep::sequence_reach(e); prefix && !per.empty() && !std::isnan(reach)) {
+  const double reach = prefix && !per.empty() ? sweep::sequence_reach(e) : std::nan("");
+  if (!std::isnan(reach)) {
+    const double at = sweep::kReachAccuracy;
     const int first = per.front().first, last = per.back().first;
     if (reach >= last)
-      out += fmt::format("sequence accuracy >= {} at every length evaluated (up to {})\n", sweep::kReachAccuracy, last);
+      out += fmt::format("sequence accuracy >= {} at every length evaluated (up to {})\n", at, last);
     else if (reach < first)
-      out += fmt::format("sequence accuracy below {} from the first length evaluated ({})\n", sweep::kReachAccuracy,
-                         first);
+      out += fmt::format("sequence accuracy below {} from the first length evaluated ({})\n", at, first);
     else
-      out += fmt::format("sequence accuracy >= {} up to length {}\n", sweep::kReachAccuracy, reach);
+      out += fmt::format("sequence accuracy >= {} up to length {}\n", at, reach);
   }
   return out;
 }
