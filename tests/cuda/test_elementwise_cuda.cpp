@@ -657,10 +657,12 @@ TEST(CudaElementwise, ShortConvL2Norm) {
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy
 
+// offset: the logits and dlogits start that many floats into their buffers (1: rows not 16-byte
+// aligned, which the long-row kernels read without float4).
 void check_cross_entropy(int N, int V, double ignore_frac, double scale, bool with_losses, bool all_ignored,
-                         uint64_t seed) {
+                         uint64_t seed, int offset = 0) {
   SCOPED_TRACE("cross_entropy N=" + std::to_string(N) + " V=" + std::to_string(V) +
-               " all_ignored=" + std::to_string(all_ignored));
+               " all_ignored=" + std::to_string(all_ignored) + " offset=" + std::to_string(offset));
   auto logits = randn(size_t(N) * V, seed, scale);
   auto labels = rand_ints(N, seed + 1, 0, V);
   auto u = randu(N, seed + 2, 0.0, 1.0);
@@ -673,19 +675,23 @@ void check_cross_entropy(int N, int V, double ignore_frac, double scale, bool wi
   const double loss = cpu::cross_entropy_forward<float>(losses.data(), logits.data(), labels.data(), N, V);
   cpu::cross_entropy_backward<float>(dlogits.data(), logits.data(), labels.data(), N, V, dloss);
 
-  auto L = to_device(logits);
+  std::vector<float> padded(offset, 0.f);
+  padded.insert(padded.end(), logits.begin(), logits.end());
+  auto L = to_device(padded);
   auto Lab = to_device(labels);
   auto Loss = to_device(std::vector<float>{123.f});
   auto Losses = to_device(randn(N, seed + 3));
-  auto Dl = to_device(randn(size_t(N) * V, seed + 4));  // overwritten, not accumulated
-  gpu::cross_entropy_loss(Loss.data(), with_losses ? Losses.data() : nullptr, L.data(), Lab.data(), N, V);
-  gpu::cross_entropy_backward(Dl.data(), L.data(), Lab.data(), N, V, dloss);
+  auto Dl = to_device(randn(size_t(N) * V + offset, seed + 4));  // overwritten, not accumulated
+  gpu::cross_entropy_loss(Loss.data(), with_losses ? Losses.data() : nullptr, L.data() + offset, Lab.data(), N, V);
+  gpu::cross_entropy_backward(Dl.data() + offset, L.data() + offset, Lab.data(), N, V, dloss);
   expect_close(Loss.download(), {float(loss)}, 1e-6, 1e-5, "cross_entropy loss");
   if (with_losses) expect_close(Losses.download(), losses, kFwdAtol, kFwdRtol, "cross_entropy losses");
-  expect_close(Dl.download(), dlogits, 1e-6 * std::max(1e-30f, max_abs(dlogits)), 1e-4, "cross_entropy dlogits");
+  auto dl = Dl.download();
+  dl.erase(dl.begin(), dl.begin() + offset);
+  expect_close(dl, dlogits, 1e-6 * std::max(1e-30f, max_abs(dlogits)), 1e-4, "cross_entropy dlogits");
   if (all_ignored) {
     EXPECT_EQ(Loss.download()[0], 0.f);
-    EXPECT_EQ(max_abs(Dl.download()), 0.f);
+    EXPECT_EQ(max_abs(dl), 0.f);
   }
 }
 
@@ -698,6 +704,40 @@ TEST(CudaElementwise, CrossEntropy) {
   check_cross_entropy(70000, 3, 0.3, 2.0, true, false, 123); // more rows than the capped grid covers at once
   check_cross_entropy(20480, 64, 0.1, 2.0, true, false, 124);
   check_cross_entropy(1, 4, 0.0, 1.0, true, false, 125);
+}
+
+// Language-model vocabularies: a block per row from V = 2048 on (float4 rows where aligned).
+TEST(CudaElementwise, CrossEntropyLongRows) {
+  LRNN_REQUIRE_GPU();
+  check_cross_entropy(300, 32000, 0.2, 2.0, true, false, 130);  // the P2 LMs' vocabulary
+  check_cross_entropy(37, 32000, 0.0, 20.0, true, false, 131);  // large logits
+  check_cross_entropy(37, 2048, 0.2, 2.0, true, false, 132);    // the first V of the layout
+  check_cross_entropy(41, 5003, 0.2, 2.0, true, false, 133);    // V % 4 != 0: scalar loads
+  check_cross_entropy(41, 4096, 0.2, 2.0, false, false, 134, 1);  // rows not 16-byte aligned
+  check_cross_entropy(19, 4096, 0.0, 2.0, true, true, 135);     // every label ignored
+  check_cross_entropy(8300, 2048, 0.1, 2.0, true, false, 136);  // more rows than either grid covers
+  check_cross_entropy(3, 2047, 0.0, 2.0, true, false, 137);     // the last V of a warp per row
+}
+
+// A NaN logit makes the loss NaN in both layouts (a diverged run must show it).
+TEST(CudaElementwise, CrossEntropyNaNLogit) {
+  LRNN_REQUIRE_GPU();
+  for (int V : {64, 4096}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int N = 5;
+    auto logits = randn(size_t(N) * V, 140, 1.0);
+    logits[size_t(2) * V + 17] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> labels = {1, 2, 3, 4, 5};
+    auto L = to_device(logits);
+    auto Lab = to_device(labels);
+    auto Loss = to_device(std::vector<float>{0.f});
+    auto Losses = to_device(std::vector<float>(N, 0.f));
+    gpu::cross_entropy_loss(Loss.data(), Losses.data(), L.data(), Lab.data(), N, V);
+    EXPECT_TRUE(std::isnan(Loss.download()[0]));
+    const auto l = Losses.download();
+    EXPECT_TRUE(std::isnan(l[2]));
+    EXPECT_TRUE(std::isfinite(l[1]) && std::isfinite(l[3]));
+  }
 }
 
 TEST(CudaElementwise, CrossEntropyNoRows) {

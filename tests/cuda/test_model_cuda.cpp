@@ -62,40 +62,45 @@ TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
 
 // The language-model head in chunks of rows on the GPU (dense labels, 5 rows of logits at a time:
 // 111 rows in 23 chunks, the last of one row) against the CPU's whole head: the loss, then every
-// gradient; fp32 GEMMs, the bounds of compare_model.
+// gradient; fp32 GEMMs, the bounds of compare_model. Vocabularies of 300 (the cross-entropy's
+// warp-per-row layout) and 2500 (block per row).
 TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
   LRNN_REQUIRE_GPU();
-  cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
-  const std::string yaml = "{model_type: delta_net, vocab_size: 300, hidden_size: 64, num_hidden_layers: 2, "
-                           "num_heads: 2, allow_neg_eigval: true, tie_word_embeddings: true}";
-  auto cpu = create_model<float>(YAML::Load(yaml), "test", 7);
-  const int B = 3, T = 37, V = cpu->vocab_size();
-  std::vector<int32_t> tok(size_t(B) * T), lab(size_t(B) * T);
-  Rng r{12, 0};
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = int32_t(r.u32(2 * i) % uint32_t(V));
-    lab[i] = int32_t(r.u32(2 * i + 1) % uint32_t(V));
+  for (const int vocab : {300, 2500}) {
+    SCOPED_TRACE("vocabulary " + std::to_string(vocab));
+    cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
+    const std::string yaml = "{model_type: delta_net, vocab_size: " + std::to_string(vocab) +
+                             ", hidden_size: 64, num_hidden_layers: 2, "
+                             "num_heads: 2, allow_neg_eigval: true, tie_word_embeddings: true}";
+    auto cpu = create_model<float>(YAML::Load(yaml), "test", 7);
+    const int B = 3, T = 37, V = cpu->vocab_size();
+    std::vector<int32_t> tok(size_t(B) * T), lab(size_t(B) * T);
+    Rng r{12, 0};
+    for (int i = 0; i < B * T; ++i) {
+      tok[i] = int32_t(r.u32(2 * i) % uint32_t(V));
+      lab[i] = int32_t(r.u32(2 * i + 1) % uint32_t(V));
+    }
+    const double loss = cpu->forward(tok.data(), lab.data(), B, T);
+    std::fill(cpu->grads.begin(), cpu->grads.end(), 0.f);
+    cpu->backward();
+    const size_t prev = lm_head_chunk_elements();
+    lm_head_chunk_elements() = size_t(5) * V;
+    auto dev = to_device(*cpu, "delta_net");
+    dev->set_dense_labels(true);
+    auto gtok = to_device(tok), glab = to_device(lab);
+    dev->grads.zero();
+    dev->forward(gtok.data(), glab.data(), B, T);
+    dev->backward();
+    cuda::synchronize();
+    lm_head_chunk_elements() = prev;
+    std::vector<float> gloss(1);
+    LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
+    EXPECT_NEAR(gloss[0], loss, 1e-4 * loss);
+    auto grads = dev->grads.download();
+    for (auto& e : cpu->layout().entries())
+      EXPECT_LT(rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel), 2e-3) << e.name;
+    cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
   }
-  const double loss = cpu->forward(tok.data(), lab.data(), B, T);
-  std::fill(cpu->grads.begin(), cpu->grads.end(), 0.f);
-  cpu->backward();
-  const size_t prev = lm_head_chunk_elements();
-  lm_head_chunk_elements() = size_t(5) * V;
-  auto dev = to_device(*cpu, "delta_net");
-  dev->set_dense_labels(true);
-  auto gtok = to_device(tok), glab = to_device(lab);
-  dev->grads.zero();
-  dev->forward(gtok.data(), glab.data(), B, T);
-  dev->backward();
-  cuda::synchronize();
-  lm_head_chunk_elements() = prev;
-  std::vector<float> gloss(1);
-  LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
-  EXPECT_NEAR(gloss[0], loss, 1e-4 * loss);
-  auto grads = dev->grads.download();
-  for (auto& e : cpu->layout().entries())
-    EXPECT_LT(rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel), 2e-3) << e.name;
-  cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
 }
 
 // Mixed precision (training.precision: bf16, the default on the GPU): the MLPs' activations and

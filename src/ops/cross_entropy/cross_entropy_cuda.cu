@@ -1,7 +1,14 @@
 // CUDA softmax cross-entropy with ignore index (contract: cross_entropy_cuda.h).
 //
-// Rows are short (V = 3..64 in the models): a group of G = 4, 8, 16 or 32 lanes (the smallest
-// power of two >= V, at most a warp) handles one row, so a warp covers 32 / G rows at once.
+// Two layouts, by vocabulary size:
+//  - short rows (V < kBlockRowV; the state-tracking models' V = 3..128, the small LMs' 1000): a
+//    group of G = 4, 8, 16 or 32 lanes (the smallest power of two >= V, at most a warp) handles
+//    one row, so a warp covers 32 / G rows at once;
+//  - long rows (language-model vocabularies, V = 32,000): a block per row, each thread keeping a
+//    running max and the sum of exponentials scaled to it (one pass over the row for its
+//    logsumexp, float4 loads where the rows are 16-byte aligned). A warp per row made each lane
+//    walk 1,000 logits three times, and the chunked LM head calls these ops on 512 rows at a time:
+//    64 blocks, half the GPU idle.
 // Nothing is allocated and nothing waits for the host; the reductions go through
 // lrnn::cuda::scratch() in a fixed order (deterministic):
 //   loss:     rows kernel -> per-block (sum, count) partials -> one-block finalize kernel;
@@ -9,7 +16,9 @@
 // A label >= V cannot be reported from the device: its row loss is NaN (and counts), so the
 // mean shows it; the backward then treats the row like the CPU version (no one-hot term).
 #include "ops/cross_entropy/cross_entropy_cuda.h"
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include "cuda/runtime.h"
 
 namespace lrnn::ops::cuda {
@@ -156,6 +165,136 @@ __global__ void __launch_bounds__(kThreads) ce_backward_kernel(float* __restrict
   }
 }
 
+// ---- long rows: a block per row ----
+
+constexpr int kBlockRowV = 2048;       // from this V on, a block per row
+constexpr int kMaxBackwardBlocks = 8192;
+
+// A running (max m, sum s of exp(x - m)) over some of a row's logits. -inf logits add nothing;
+// a NaN makes s NaN.
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum ms_add(MaxSum a, float x) {
+  if (x > a.m) {
+    a.s = a.s * expf(a.m - x) + 1.f;
+    a.m = x;
+  } else if (x > -INFINITY) {
+    a.s += expf(x - a.m);
+  } else if (x != x) {
+    a.s = NAN;  // a NaN logit makes the row's loss NaN, as on the CPU
+  }
+  return a;
+}
+__device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return MaxSum{m, 0.f};
+  return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// logsumexp of row x[0..V) by the whole block (kThreads); every thread gets it. VEC: x is 16-byte
+// aligned and V a multiple of 4. The partials are combined in a fixed order (deterministic).
+template <bool VEC>
+__device__ float block_row_lse(const float* __restrict__ x, int V) {
+  __shared__ float red_m[kWarps], red_s[kWarps];
+  MaxSum a{-INFINITY, 0.f};
+  if (VEC) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int i = threadIdx.x; i < V / 4; i += kThreads) {
+      const float4 v = x4[i];
+      a = ms_add(ms_add(ms_add(ms_add(a, v.x), v.y), v.z), v.w);
+    }
+  } else {
+    for (int v = threadIdx.x; v < V; v += kThreads) a = ms_add(a, x[v]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    a = ms_merge(a, MaxSum{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)});
+  __syncthreads();  // the previous row's partials are read
+  if ((threadIdx.x & 31) == 0) red_m[threadIdx.x >> 5] = a.m, red_s[threadIdx.x >> 5] = a.s;
+  __syncthreads();
+  MaxSum t{red_m[0], red_s[0]};
+  for (int w = 1; w < kWarps; ++w) t = ms_merge(t, MaxSum{red_m[w], red_s[w]});
+  return t.m + logf(t.s);
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads) ce_loss_block_rows_kernel(float* __restrict__ losses,
+                                                                      float* __restrict__ psum, int* __restrict__ pcnt,
+                                                                      const float* __restrict__ logits,
+                                                                      const int32_t* __restrict__ labels, int N,
+                                                                      int V) {
+  float acc = 0.f;
+  int cnt = 0;
+  for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+    const int lab = labels[row];  // the same for the whole block
+    if (lab < 0) {
+      if (losses && threadIdx.x == 0) losses[row] = 0.f;
+      continue;
+    }
+    const float* x = logits + row * (long long)V;
+    const float lse = block_row_lse<VEC>(x, V);
+    if (threadIdx.x == 0) {
+      const float l = lab < V ? lse - x[lab] : NAN;
+      acc += l;
+      ++cnt;
+      if (losses) losses[row] = l;
+    }
+  }
+  block_sum(acc, cnt);
+  if (threadIdx.x == 0) {
+    psum[blockIdx.x] = acc;
+    pcnt[blockIdx.x] = cnt;
+  }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(float* __restrict__ dlogits,
+                                                                          const float* __restrict__ logits,
+                                                                          const int32_t* __restrict__ labels, int N,
+                                                                          int V, double dloss,
+                                                                          const int* __restrict__ pcnt, int nparts) {
+  __shared__ float s_scale;
+  if (threadIdx.x < 32) {
+    int n = 0;
+    for (int i = threadIdx.x; i < nparts; i += 32) n += pcnt[i];
+    n = warp_sum_int(n);
+    if (threadIdx.x == 0) s_scale = n ? float(dloss / double(n)) : 0.f;
+  }
+  __syncthreads();
+  const float scale = s_scale;
+  for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+    const int lab = labels[row];
+    const float* x = logits + row * (long long)V;
+    float* d = dlogits + row * (long long)V;
+    if (lab < 0) {
+      if (VEC) {
+        for (int i = threadIdx.x; i < V / 4; i += kThreads) reinterpret_cast<float4*>(d)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        for (int v = threadIdx.x; v < V; v += kThreads) d[v] = 0.f;
+      }
+      continue;
+    }
+    const float lse = block_row_lse<VEC>(x, V);
+    if (VEC) {
+      for (int i = threadIdx.x; i < V / 4; i += kThreads) {
+        const float4 v = reinterpret_cast<const float4*>(x)[i];
+        const int v0 = 4 * i;
+        float4 o;
+        o.x = scale * (expf(v.x - lse) - (v0 == lab ? 1.f : 0.f));
+        o.y = scale * (expf(v.y - lse) - (v0 + 1 == lab ? 1.f : 0.f));
+        o.z = scale * (expf(v.z - lse) - (v0 + 2 == lab ? 1.f : 0.f));
+        o.w = scale * (expf(v.w - lse) - (v0 + 3 == lab ? 1.f : 0.f));
+        reinterpret_cast<float4*>(d)[i] = o;
+      }
+    } else {
+      for (int v = threadIdx.x; v < V; v += kThreads) d[v] = scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f));
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 template <int G>
 void launch_loss(float* losses, float* psum, int* pcnt, const float* logits, const int32_t* labels, int N, int V,
                  int blocks) {
@@ -182,7 +321,16 @@ void cross_entropy_loss(float* loss, float* losses, const float* logits, const i
   auto* psum = static_cast<float*>(::lrnn::cuda::scratch(kMaxRowBlocks * (sizeof(float) + sizeof(int))));
   int* pcnt = reinterpret_cast<int*>(psum + kMaxRowBlocks);
   int blocks = 0;
-  if (N > 0 && V > 0) {
+  if (N > 0 && V >= kBlockRowV) {
+    blocks = std::min(N, kMaxRowBlocks);
+    if (V % 4 == 0 && aligned16(logits))
+      ce_loss_block_rows_kernel<true><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits,
+                                                                                      labels, N, V);
+    else
+      ce_loss_block_rows_kernel<false><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits,
+                                                                                       labels, N, V);
+    LRNN_CUDA_LAUNCH_CHECK();
+  } else if (N > 0 && V > 0) {
     const int G = group_for(V);
     const size_t rows_per_block = kThreads / G;
     blocks = int(::lrnn::cuda::blocks_for(size_t(N), unsigned(rows_per_block)));
@@ -206,6 +354,17 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
   if (cblocks > unsigned(kMaxCountBlocks)) cblocks = kMaxCountBlocks;
   ce_count_kernel<<<cblocks, kThreads, 0, ::lrnn::cuda::stream()>>>(pcnt, labels, N);
   LRNN_CUDA_LAUNCH_CHECK();
+  if (V >= kBlockRowV) {
+    const unsigned blocks = unsigned(std::min(N, kMaxBackwardBlocks));
+    if (V % 4 == 0 && aligned16(logits) && aligned16(dlogits))
+      ce_backward_block_rows_kernel<true><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N,
+                                                                                          V, dloss, pcnt, int(cblocks));
+    else
+      ce_backward_block_rows_kernel<false><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(
+          dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks));
+    LRNN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   switch (group_for(V)) {
     case 4: launch_backward<4>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
     case 8: launch_backward<8>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
