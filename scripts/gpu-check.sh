@@ -427,6 +427,12 @@ PY
     echo >>"$sum"
     echo "| model | layers | hidden | heads | batch | lrnn tokens/s | fla tokens/s | lrnn/fla |" >>"$sum"
     echo "|---|---|---|---|---|---|---|---|" >>"$sum"
+    # fla's Triton kernels compile (and autotune) on first use, minutes at these shapes: one short
+    # run of the first shape at 4 layers compiles them while nothing is timed.
+    local first=${LM_SHAPES:-delta_net:4:1024:8:8}
+    IFS=: read -r mt L d H B <<<"${first%% *}"
+    timeout "${FLA_WARM_TIMEOUT:-300}" python3 bench/lm_fla.py train --model "$mt" --layers 4 --hidden "$d" --heads "$H" \
+      --batch "$B" --steps 2 --warmup 2 >"$LOGS/fla_warmup.log" 2>&1 || true
     for shape in ${LM_SHAPES:-delta_net:4:1024:8:8 delta_net:24:1024:8:8 gated_deltanet:24:1024:8:8}; do
       IFS=: read -r mt L d H B <<<"$shape"
       local extra=""
