@@ -77,6 +77,39 @@ __device__ __forceinline__ void block_sum(float& f, int& n) {
   }
 }
 
+// A counted row's loss, lse - x[label] (NaN for a label >= V), into the running sum and count and
+// into losses (if given).
+__device__ __forceinline__ void add_row_loss(float* __restrict__ losses, long long row, float lse, const float* x,
+                                             int lab, int V, float& acc, int& cnt) {
+  const float l = lab < V ? lse - x[lab] : NAN;
+  acc += l;
+  ++cnt;
+  if (losses) losses[row] = l;
+}
+
+// The block's sum of the counted losses and their number (fixed order) into psum, pcnt [block].
+__device__ __forceinline__ void write_partials(float* __restrict__ psum, int* __restrict__ pcnt, float acc, int cnt) {
+  block_sum(acc, cnt);
+  if (threadIdx.x == 0) {
+    psum[blockIdx.x] = acc;
+    pcnt[blockIdx.x] = cnt;
+  }
+}
+
+// The backward's factor dloss / (number of counted labels) from the count kernel's per-block
+// counts, added up by the first warp; every thread of the block gets it.
+__device__ float counted_scale(double dloss, const int* __restrict__ pcnt, int nparts) {
+  __shared__ float s_scale;
+  if (threadIdx.x < 32) {
+    int n = 0;
+    for (int i = threadIdx.x; i < nparts; i += 32) n += pcnt[i];
+    n = warp_sum_int(n);
+    if (threadIdx.x == 0) s_scale = n ? float(dloss / double(n)) : 0.f;
+  }
+  __syncthreads();
+  return s_scale;
+}
+
 // Row losses; per-block partial sums of the counted losses and their number.
 template <int G>
 __global__ void __launch_bounds__(kThreads) ce_loss_rows_kernel(float* __restrict__ losses,
@@ -95,20 +128,11 @@ __global__ void __launch_bounds__(kThreads) ce_loss_rows_kernel(float* __restric
     const float lse = row_lse<G>(x, V, li, valid);
     if (valid && li == 0) {
       const int lab = labels[row];
-      float l = 0.f;
-      if (lab >= 0) {
-        l = lab < V ? lse - x[lab] : NAN;
-        acc += l;
-        ++cnt;
-      }
-      if (losses) losses[row] = l;
+      if (lab >= 0) add_row_loss(losses, row, lse, x, lab, V, acc, cnt);
+      else if (losses) losses[row] = 0.f;
     }
   }
-  block_sum(acc, cnt);
-  if (threadIdx.x == 0) {
-    psum[blockIdx.x] = acc;
-    pcnt[blockIdx.x] = cnt;
-  }
+  write_partials(psum, pcnt, acc, cnt);
 }
 
 __global__ void __launch_bounds__(kThreads) ce_loss_finalize_kernel(float* __restrict__ loss,
@@ -138,15 +162,7 @@ __global__ void __launch_bounds__(kThreads) ce_backward_kernel(float* __restrict
                                                                double dloss, const int* __restrict__ pcnt,
                                                                int nparts) {
   constexpr int kRows = kThreads / G;
-  __shared__ float s_scale;
-  if (threadIdx.x < 32) {
-    int n = 0;
-    for (int i = threadIdx.x; i < nparts; i += 32) n += pcnt[i];
-    n = warp_sum_int(n);
-    if (threadIdx.x == 0) s_scale = n ? float(dloss / double(n)) : 0.f;
-  }
-  __syncthreads();
-  const float scale = s_scale;
+  const float scale = counted_scale(dloss, pcnt, nparts);
   const int li = threadIdx.x % G;
   for (long long base = (long long)blockIdx.x * kRows; base < N; base += (long long)gridDim.x * kRows) {
     const long long row = base + threadIdx.x / G;
@@ -234,18 +250,9 @@ __global__ void __launch_bounds__(kThreads) ce_loss_block_rows_kernel(float* __r
     }
     const float* x = logits + row * (long long)V;
     const float lse = block_row_lse<VEC>(x, V);
-    if (threadIdx.x == 0) {
-      const float l = lab < V ? lse - x[lab] : NAN;
-      acc += l;
-      ++cnt;
-      if (losses) losses[row] = l;
-    }
+    if (threadIdx.x == 0) add_row_loss(losses, row, lse, x, lab, V, acc, cnt);
   }
-  block_sum(acc, cnt);
-  if (threadIdx.x == 0) {
-    psum[blockIdx.x] = acc;
-    pcnt[blockIdx.x] = cnt;
-  }
+  write_partials(psum, pcnt, acc, cnt);
 }
 
 template <bool VEC>
@@ -254,22 +261,15 @@ __global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(float*
                                                                           const int32_t* __restrict__ labels, int N,
                                                                           int V, double dloss,
                                                                           const int* __restrict__ pcnt, int nparts) {
-  __shared__ float s_scale;
-  if (threadIdx.x < 32) {
-    int n = 0;
-    for (int i = threadIdx.x; i < nparts; i += 32) n += pcnt[i];
-    n = warp_sum_int(n);
-    if (threadIdx.x == 0) s_scale = n ? float(dloss / double(n)) : 0.f;
-  }
-  __syncthreads();
-  const float scale = s_scale;
+  const float scale = counted_scale(dloss, pcnt, nparts);
   for (long long row = blockIdx.x; row < N; row += gridDim.x) {
     const int lab = labels[row];
     const float* x = logits + row * (long long)V;
     float* d = dlogits + row * (long long)V;
     if (lab < 0) {
       if (VEC) {
-        for (int i = threadIdx.x; i < V / 4; i += kThreads) reinterpret_cast<float4*>(d)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = threadIdx.x; i < V / 4; i += kThreads)
+          reinterpret_cast<float4*>(d)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
       } else {
         for (int v = threadIdx.x; v < V; v += kThreads) d[v] = 0.f;
       }
@@ -323,12 +323,9 @@ void cross_entropy_loss(float* loss, float* losses, const float* logits, const i
   int blocks = 0;
   if (N > 0 && V >= kBlockRowV) {
     blocks = std::min(N, kMaxRowBlocks);
-    if (V % 4 == 0 && aligned16(logits))
-      ce_loss_block_rows_kernel<true><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits,
-                                                                                      labels, N, V);
-    else
-      ce_loss_block_rows_kernel<false><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits,
-                                                                                       labels, N, V);
+    const auto kernel =
+        V % 4 == 0 && aligned16(logits) ? ce_loss_block_rows_kernel<true> : ce_loss_block_rows_kernel<false>;
+    kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(losses, psum, pcnt, logits, labels, N, V);
     LRNN_CUDA_LAUNCH_CHECK();
   } else if (N > 0 && V > 0) {
     const int G = group_for(V);
@@ -356,12 +353,9 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
   LRNN_CUDA_LAUNCH_CHECK();
   if (V >= kBlockRowV) {
     const unsigned blocks = unsigned(std::min(N, kMaxBackwardBlocks));
-    if (V % 4 == 0 && aligned16(logits) && aligned16(dlogits))
-      ce_backward_block_rows_kernel<true><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N,
-                                                                                          V, dloss, pcnt, int(cblocks));
-    else
-      ce_backward_block_rows_kernel<false><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(
-          dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks));
+    const auto kernel = V % 4 == 0 && aligned16(logits) && aligned16(dlogits) ? ce_backward_block_rows_kernel<true>
+                                                                              : ce_backward_block_rows_kernel<false>;
+    kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks));
     LRNN_CUDA_LAUNCH_CHECK();
     return;
   }
