@@ -21,7 +21,8 @@
 //   state    one block per (b, h, block of state columns), walking the chunks in order: stores
 //            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
 //            shared memory; the next chunk's W, K, U and G are copied in by cp.async meanwhile)
-//   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~)
+//   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~) (with bf16
+//            products its operands are staged once as bf16 tiles and fed to the MMAs by ldmatrix)
 // Backward: prep again, then
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
@@ -219,6 +220,18 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Writes two adjacent results of an MMA accumulator (row, columns col and col + 1): alpha acc +
+// beta cin (cin's elements at the same place, if given).
+__device__ __forceinline__ void put_pair(float* out, int ldo, const float* cin, int ldc, size_t row, int col, float x,
+                                         float y, float alpha, float beta) {
+  float2 v = make_float2(alpha * x, alpha * y);
+  if (cin) {
+    const float2 c = *reinterpret_cast<const float2*>(cin + row * ldc + col);
+    v.x += beta * c.x, v.y += beta * c.y;
+  }
+  *reinterpret_cast<float2*>(out + row * ldo + col) = v;
+}
+
 // The blocks of mm below: a warp computes MT x NT tiles of 16 x 16 at a time, each fragment of A
 // shared over the NT tiles of its row and each of B over the MT tiles of its column.
 template <int MT, int NT, bool AT, bool BT, Mma MM>
@@ -272,16 +285,9 @@ __device__ void mm_tiles(float* out, int ldo, const float* A, int lda, const flo
 #pragma unroll
         for (int j = 0; j < 2 * NT; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const size_t r = m0 + 16 * i + g + 8 * h;
-            const int col = n0 + 8 * j + t2;
-            float2 v = make_float2(alpha * acc[i][j][2 * h], alpha * acc[i][j][2 * h + 1]);
-            if (cin) {
-              const float2 c = *reinterpret_cast<const float2*>(cin + r * ldc + col);
-              v.x += beta * c.x, v.y += beta * c.y;
-            }
-            *reinterpret_cast<float2*>(out + r * ldo + col) = v;
-          }
+          for (int h = 0; h < 2; ++h)
+            put_pair(out, ldo, cin, ldc, m0 + 16 * i + g + 8 * h, n0 + 8 * j + t2, acc[i][j][2 * h],
+                     acc[i][j][2 * h + 1], alpha, beta);
     }
   } else {
     constexpr bool PRECISE = MM == Mma::Fp32;
@@ -357,6 +363,101 @@ __device__ void mm_b(float* out, int ldo, const float* A, int lda, const float* 
     mm_tiles<2, 1, AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
   else
     mm<AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
+}
+
+// ---- bf16 operand tiles in shared memory, read by ldmatrix (Mma::Bf16) ----
+// A tile is row-major bf16 with a leading dimension ld (elements) that is a multiple of 8 with
+// ld / 8 odd (kBfPad added to a multiple of 16 columns): each row starts 16-byte aligned and the
+// eight rows one ldmatrix phase reads fall in distinct bank groups. A warp then loads a 16 x 16
+// fragment of A, or two 8-column fragments of B, with one instruction and no conversion, where
+// the fp32 tiles above cost four to eight loads and conversions per fragment (ncu: ~35
+// instructions per MMA in the bf16 kernels before).
+using bf16 = __nv_bfloat16;
+constexpr int kBfPad = 8;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Four 8 x 8 b16 matrices; lane 8 j + r gives row r of matrix j (PTX ISA, ldmatrix).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// out[M x N] (fp32) = alpha op(A) op(B) + beta cin, A and B bf16 tiles in shared memory, fp32
+// accumulation; op as in mm (AT: A stored K x M; BT: B stored N x K). M and K multiples of 16, N of
+// 32; no barrier inside. A warp computes a 16 x 32 strip: per k step of 16 one ldmatrix for A, two
+// for B (four 8-column tiles), four MMAs.
+template <bool AT, bool BT>
+__device__ void mm_s(float* out, int ldo, const bf16* A, int lda, const bf16* B, int ldb, int M, int N, int K,
+                     float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+  const int r = lane & 7, j = lane >> 3, sn = N >> 5, strips = (M >> 4) * sn;
+  // This lane's row address within a 16 x 16 block (see ldsm_x4): A's matrices are (rows 0-7,
+  // k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15); B's (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7),
+  // (8-15, 8-15), i.e. the two k halves of two 8-column tiles.
+  const int a_row = AT ? r + 8 * (j >> 1) : r + 8 * (j & 1), a_col = AT ? 8 * (j & 1) : 8 * (j >> 1);
+  const int b_row = BT ? r + 8 * (j >> 1) : r + 8 * (j & 1), b_col = BT ? 8 * (j & 1) : 8 * (j >> 1);
+  for (int t = warp; t < strips; t += nwarps()) {
+    const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
+    float acc[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+    // Stored (row, col) of this lane's address: A(m, k) is A[m lda + k] or, with AT, A[k lda + m];
+    // B(k, n) is B[k ldb + n] or, with BT, B[n ldb + k].
+    const bf16* pa = AT ? A + size_t(a_row) * lda + m0 + a_col : A + size_t(m0 + a_row) * lda + a_col;
+    const bf16* pb0 = BT ? B + size_t(n0 + b_row) * ldb + b_col : B + size_t(b_row) * ldb + n0 + b_col;
+    const bf16* pb1 = BT ? pb0 + size_t(16) * ldb : pb0 + 16;
+    const size_t a_step = AT ? size_t(16) * lda : 16, b_step = BT ? 16 : size_t(16) * ldb;
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      uint32_t a[4], b0[4], b1[4];
+      if (AT) ldsm_x4_t(a, pa); else ldsm_x4(a, pa);
+      if (BT) ldsm_x4(b0, pb0), ldsm_x4(b1, pb1); else ldsm_x4_t(b0, pb0), ldsm_x4_t(b1, pb1);
+      mma_bf16(acc[0], a, b0[0], b0[1]);
+      mma_bf16(acc[1], a, b0[2], b0[3]);
+      mma_bf16(acc[2], a, b1[0], b1[1]);
+      mma_bf16(acc[3], a, b1[2], b1[3]);
+      pa += a_step, pb0 += b_step, pb1 += b_step;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        put_pair(out, ldo, cin, ldc, m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1], alpha, beta);
+  }
+}
+
+// Converts a rows x cols fp32 tile (global or shared; cols a multiple of 4, rows 16-byte aligned)
+// into a bf16 tile in shared memory (rounded to nearest, as the MMA loads of the fp32 tiles round):
+// rows over the warps, 4 values a lane, four rows' loads in flight before their stores.
+__device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2, nw = nwarps();
+  for (int r0 = warp; r0 < rows; r0 += 4 * nw)
+    for (int q = lane; q < c4; q += 32) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int rr = r0 + u * nw;
+        v[u] = rr < rows ? *reinterpret_cast<const float4*>(src + rr * lds + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int rr = r0 + u * nw;
+        if (rr < rows) {
+          uint2 w;
+          w.x = bf16_pair(v[u].x, v[u].y), w.y = bf16_pair(v[u].z, v[u].w);
+          *reinterpret_cast<uint2*>(dst + size_t(rr) * ldd + 4 * q) = w;
+        }
+      }
+    }
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -688,32 +789,58 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
 }
 
 // ---- output: one block per (chunk, bh, column block) ----
+// With bf16 products and column blocks of 32 or 64 (output_bf16_tiles), the four operands are
+// staged once as bf16 tiles and multiplied by mm_s (ldmatrix); else as fp32 tiles by mm.
+__host__ __device__ constexpr bool output_bf16_tiles(Mma mm, int BV) { return mm == Mma::Bf16 && BV % 32 == 0; }
+
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
   const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, ldS = BV + 4;
   const int c0 = blockIdx.z * BV, Dk = a.Dk, Dv = a.Dv, ldK = Dk + 4;
   const size_t ch = size_t(bh) * a.NC + c;
-  float* Qs = sm;                   // [Rp][ldK]
-  float* S0 = Qs + a.Rp * ldK;      // [Dk][ldS]
-  float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
-  float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
-  float* Os = Ps + a.Rp * kLdE;     // [Rp][ldS]
   __shared__ double G[kE];
   __shared__ float gam[kE], D[kE];
-  copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
-  copy_async(S0, ldS, a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, Dk, BV);
-  copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
-  copy_async(Ps, kLdE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
-  __pipeline_commit();
-  load_decays(a, ch, G, gam, D);
-  __pipeline_wait_prior(0);
-  __syncthreads();
-  mm<false, false, MM>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
-  __syncthreads();
-  each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
-  __syncthreads();
-  mm<false, false, MM>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
+  const float* S0g = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0;
+  float* Os;  // [Rp][ldS]: the outputs' columns
+  if (output_bf16_tiles(MM, BV)) {
+    const int lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
+    bf16* Qh = reinterpret_cast<bf16*>(sm);  // [Rp][lbK]
+    bf16* Sh = Qh + a.Rp * lbK;              // [Dk][lbS] S0 columns
+    bf16* Uh = Sh + Dk * lbS;                // [64][lbS] U~ columns
+    bf16* Ph = Uh + kE * lbS;                // [Rp][lbE]
+    Os = reinterpret_cast<float*>(Ph + a.Rp * lbE);
+    to_bf16_tile(Qh, lbK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
+    to_bf16_tile(Sh, lbS, S0g, Dv, Dk, BV);
+    to_bf16_tile(Uh, lbS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
+    to_bf16_tile(Ph, lbE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
+    load_decays(a, ch, G, gam, D);
+    __syncthreads();
+    mm_s<false, false>(Os, ldS, Qh, lbK, Sh, lbS, a.Rp, BV, Dk, 1.f);
+    __syncthreads();
+    each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
+    __syncthreads();
+    mm_s<false, false>(Os, ldS, Ph, lbE, Uh, lbS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
+  } else {
+    float* Qs = sm;                   // [Rp][ldK]
+    float* S0 = Qs + a.Rp * ldK;      // [Dk][ldS]
+    float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
+    float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
+    Os = Ps + a.Rp * kLdE;
+    copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
+    copy_async(S0, ldS, S0g, Dv, Dk, BV);
+    copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
+    copy_async(Ps, kLdE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
+    __pipeline_commit();
+    load_decays(a, ch, G, gam, D);
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    mm<false, false, MM>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
+    __syncthreads();
+    each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
+    __syncthreads();
+    mm<false, false, MM>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
+  }
   __syncthreads();
   scatter_rows(a.o, Os, ldS, a.Rp, BV, false, [&](int r) {
     const long long o = out_row(a, b, h, c, r);
@@ -1047,7 +1174,10 @@ size_t prep_smem(const DeltaRuleDims& d) { return (size_t(kE) * (std::max(d.Dk, 
 size_t state_smem(const DeltaRuleDims& d, const Geometry& g) {
   return ((size_t(d.Dk) + kE) * (g.BV + 4) + 2 * (2 * size_t(kE) * (d.Dk + 4) + size_t(kE) * (g.BV + 4))) * 4;
 }
-size_t output_smem(const DeltaRuleDims& d, const Geometry& g) {
+size_t output_smem(const DeltaRuleDims& d, const Geometry& g, Mma mm = Mma::Tf32) {
+  if (output_bf16_tiles(mm, g.BV))  // bf16 Q, S0, U~, P; fp32 outputs
+    return (size_t(g.Rp) * (d.Dk + kBfPad) + size_t(d.Dk + kE) * (g.BV + kBfPad) + size_t(g.Rp) * (kE + kBfPad)) * 2 +
+           size_t(g.Rp) * (g.BV + 4) * 4;
   return (size_t(g.Rp) * (d.Dk + 4) + size_t(d.Dk + kE + g.Rp) * (g.BV + 4) + size_t(g.Rp) * kLdE) * 4;
 }
 size_t dstate_smem(const DeltaRuleDims& d, const Geometry& g) {
@@ -1138,7 +1268,7 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
   launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
-  if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
+  if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
 }
 
 template <Mma P>
