@@ -69,9 +69,11 @@ void join();
 
 // Matrix products: TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), full fp32 (for
 // tight comparisons against the CPU reference), or BF16: TF32 as before, and the models that
-// support it keep their MLPs' widest tensors (the gate|up output, the activation and their
-// gradients) in bf16 with bf16 GEMMs (8-bit mantissa inputs, fp32 accumulation; what the papers'
-// bf16 autocast does to those layers). Recurrent state, residual stream and accumulators stay fp32.
+// support it (the delta-rule family: DeltaNet, Gated DeltaNet, DeltaProduct) run every projection
+// (the mixer's in and out, the MLP, the LM head) as a bf16 GEMM (8-bit mantissa inputs, fp32
+// accumulation; what the papers' bf16 autocast does to the linear layers), keeping the MLP's widest
+// tensors in bf16; their chunked delta rule takes bf16 products too. Parameters, recurrent state,
+// residual stream, norms' statistics, logits and accumulators stay fp32.
 enum class GemmPrecision { TF32, FP32, BF16 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();

@@ -84,7 +84,7 @@ struct CpuOps {
   static constexpr bool kDevice = false;
   using Arena = lrnn::Arena;
   // The CPU computes every tensor in T.
-  static constexpr bool bf16_mlp() { return false; }
+  static constexpr bool bf16_gemms() { return false; }
   // Side-stream overlap (see CudaOps): on the CPU the work simply runs in order.
   template <class F>
   static int side(F&& f) {
@@ -127,8 +127,8 @@ struct CudaOps {
   LRNN_BASELINE_OPS(LRNN_CUDA_OP)
   LRNN_CUDA_ONLY_OPS(LRNN_CUDA_OP)
 #undef LRNN_CUDA_OP
-  // Whether the MLPs keep their activations in bf16 (cuda::GemmPrecision::BF16).
-  static bool bf16_mlp() { return cuda::gemm_precision() == cuda::GemmPrecision::BF16; }
+  // Whether the models that support it run their projections in bf16 (cuda::GemmPrecision::BF16).
+  static bool bf16_gemms() { return cuda::gemm_precision() == cuda::GemmPrecision::BF16; }
   // The delta rule's checkpoint buffer: the layout of the kernels these dims take.
   static size_t delta_rule_ckpt_size(const ops::DeltaRuleDims& d, bool gated) {
     return ops::cuda::delta_rule_ckpt_size(d, gated);

@@ -20,6 +20,7 @@
 #include <vector>
 #include "core/arena.h"
 #include "core/check.h"
+#include "core/dtype.h"
 #include "io/schema.h"
 #include "models/backend.h"
 #include "models/model.h"
@@ -56,10 +57,18 @@ inline size_t& lm_head_chunk_elements() {
 // its share of the rows), keeping only xf; the backward computes each chunk's logits again (one
 // more GEMM of the head's size) for its dlogits, dx rows and the weight gradient. The result is
 // the unchunked one up to the order of the sums. logits() then holds the last chunk's only.
+//
+// Mixed precision (`mixed`, a device core under cuda::GemmPrecision::BF16; RMSNorm only): the
+// head's GEMMs take bf16 inputs with fp32 accumulation, as under the papers' bf16 autocast: xf is
+// stored in bf16 (xfh), lm_head's weight is copied to bf16 (wh) at each forward, and the backward
+// writes dlogits in bf16 (dlh) for the two gradient GEMMs. Logits, loss, the norm's statistics
+// and every gradient stay fp32.
 template <class T, class Ops>
 struct LmHead {
   T *hout = nullptr, *mu = nullptr, *rstd = nullptr, *xf = nullptr, *logits = nullptr, *loss = nullptr;
+  bf16 *xfh = nullptr, *wh = nullptr, *dlh = nullptr;  // mixed precision: xf, lm_head, dlogits in bf16
   bool layer_norm = false;
+  bool mixed = false;
   double dloss = 1.0;  // the weight of this forward's mean loss in what the backward differentiates
   bool dense = false;  // every label counts (language modelling): the head may work in chunks
   size_t chunk = 0;    // rows per chunk of the last carve's training step (0: all rows at once)
@@ -72,25 +81,85 @@ struct LmHead {
   }
 
   template <class Alloc>
-  void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_, bool train) {
+  void carve(Alloc& a, size_t N, size_t C, size_t V, bool layer_norm_, bool train, bool mixed_ = false) {
     layer_norm = layer_norm_;
+    mixed = Ops::kDevice && mixed_;
+    LRNN_CHECK(!(mixed && layer_norm), "the bf16 LM head has no LayerNorm");
     const size_t R = rows(N, V, train);
     chunk = R < N ? R : 0;
     hout = take<T>(a, N * C);
     mu = layer_norm ? take<T>(a, N) : nullptr;
     rstd = take<T>(a, N);
-    xf = take<T>(a, N * C);
+    xf = mixed ? nullptr : take<T>(a, N * C);
+    xfh = mixed ? take<bf16>(a, N * C) : nullptr;
+    wh = mixed ? take<bf16>(a, V * C) : nullptr;
+    dlh = mixed && train ? take<bf16>(a, R * V) : nullptr;
     logits = take<T>(a, R * V);
     loss = take<T>(a, chunk ? 2 : 1);  // (+ one chunk's mean)
+  }
+
+  // logits [n, V] of the normalised rows from r0 on.
+  void head_rows(T* out, const T* P, size_t head, int r0, int n, int C, int V) {
+    if constexpr (Ops::kDevice) {
+      if (mixed) {
+        Ops::linear_forward(out, xfh + size_t(r0) * C, wh, n, C, V);
+        return;
+      }
+    }
+    Ops::linear_forward(out, xf + size_t(r0) * C, P + head, static_cast<const T*>(nullptr), n, C, V);
+  }
+
+  // lm_head's gradients for rows r0.. r0 + n from their dlogits (dlogits, or dlh when mixed): the
+  // input gradient into dx's rows (overwritten), the weight gradient added into G (on the side
+  // stream with side_dW; the ticket returned, else -1).
+  int head_grads(T* dx, T* G, const T* P, size_t head, const T* dlogits, int r0, int n, int C, int V,
+                 bool side_dW) {
+    T* const dxr = dx + size_t(r0) * C;
+    if constexpr (Ops::kDevice) {
+      if (mixed) {
+        const bf16* x = xfh + size_t(r0) * C;
+        T* const no_dx = nullptr;  // (a typed null picks the overload with fp32 input gradients)
+        if (!side_dW) {
+          Ops::linear_backward(dxr, G + head, dlh, x, wh, n, C, V, false);
+          return -1;
+        }
+        Ops::linear_backward(dxr, nullptr, dlh, x, wh, n, C, V, false);
+        return Ops::side([&] { Ops::linear_backward(no_dx, G + head, dlh, x, wh, n, C, V); });
+      }
+    }
+    const T* x = xf + size_t(r0) * C;
+    if (!side_dW) {
+      Ops::linear_backward(dxr, G + head, static_cast<T*>(nullptr), dlogits, x, P + head, n, C, V, false);
+      return -1;
+    }
+    Ops::linear_backward(dxr, nullptr, nullptr, dlogits, x, P + head, n, C, V, false);
+    return Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, x, nullptr, n, C, V); });
+  }
+
+  // dlogits of n rows from their logits (into dlh when mixed).
+  void ce_backward(T* dlogits, const int32_t* labels, int n, int V, double scale) {
+    if constexpr (Ops::kDevice) {
+      if (mixed) {
+        Ops::cross_entropy_backward(dlh, logits, labels, n, V, scale);
+        return;
+      }
+    }
+    Ops::cross_entropy_backward(dlogits, logits, labels, n, V, scale);
   }
 
   // norm, head: the offsets of the final norm's weight and of lm_head's in P. Returns the mean
   // loss on the CPU, NaN on a device (it stays in *loss); 0 without labels.
   double forward(const T* P, size_t norm, size_t head, const int32_t* labels, int N, int C, int V, double eps) {
     if (layer_norm) Ops::layernorm_forward(xf, mu, rstd, hout, P + norm, N, C, 1, eps, 1.0);
-    else Ops::rmsnorm_forward(xf, rstd, hout, P + norm, N, C, eps);
+    else if (!mixed) Ops::rmsnorm_forward(xf, rstd, hout, P + norm, N, C, eps);
+    if constexpr (Ops::kDevice) {
+      if (mixed) {
+        Ops::rmsnorm_forward(xfh, rstd, hout, P + norm, N, C, eps);
+        Ops::to_bf16(wh, P + head, size_t(V) * C);
+      }
+    }
     if (!chunk || !labels) {
-      Ops::linear_forward(logits, xf, P + head, static_cast<const T*>(nullptr), N, C, V);
+      head_rows(logits, P, head, 0, N, C, V);
       if (!labels) return 0.0;
       return Ops::cross_entropy_loss(loss, logits, labels, N, V);
     }
@@ -98,7 +167,7 @@ struct LmHead {
     double total = 0;
     for (int r0 = 0; r0 < N; r0 += int(chunk)) {
       const int n = std::min(int(chunk), N - r0);
-      Ops::linear_forward(logits, xf + size_t(r0) * C, P + head, static_cast<const T*>(nullptr), n, C, V);
+      head_rows(logits, P, head, r0, n, C, V);
       const double share = double(n) / double(N);
       total += share * Ops::cross_entropy_loss(loss + 1, logits, labels + r0, n, V);
       Ops::add_scaled(loss, loss + 1, T(share), size_t(1));
@@ -110,27 +179,22 @@ struct LmHead {
   // gradient into dx), the final norm's (input gradient into dh); dx and dh are overwritten, the
   // weight gradients accumulate into G. With side_dW, lm_head's weight gradient runs as side work
   // (Ops::side), which the caller joins before its backward returns; its ticket is returned (-1
-  // without side_dW).
+  // without side_dW). dlogits (R rows of V) is unused when mixed.
   int backward(const T* P, T* G, size_t norm, size_t head, const int32_t* labels, T* dlogits, T* dx, T* dh, int N,
                 int C, int V, bool side_dW) {
-    if (!chunk) Ops::cross_entropy_backward(dlogits, logits, labels, N, V, dloss);
     // Input gradients whose first writer covers the whole buffer are overwritten (accumulate =
     // false) rather than zeroed and accumulated into: the same result, without the memset.
     int ticket = -1;
     if (chunk) {  // the logits again, a chunk at a time (dlogits holds one chunk)
       for (int r0 = 0; r0 < N; r0 += int(chunk)) {
         const int n = std::min(int(chunk), N - r0);
-        const T* x = xf + size_t(r0) * C;
-        Ops::linear_forward(logits, x, P + head, static_cast<const T*>(nullptr), n, C, V);
-        Ops::cross_entropy_backward(dlogits, logits, labels + r0, n, V, dloss * double(n) / double(N));
-        Ops::linear_backward(dx + size_t(r0) * C, G + head, static_cast<T*>(nullptr), dlogits, x, P + head, n, C, V,
-                             false);
+        head_rows(logits, P, head, r0, n, C, V);
+        ce_backward(dlogits, labels + r0, n, V, dloss * double(n) / double(N));
+        head_grads(dx, G, P, head, dlogits, r0, n, C, V, /*side_dW=*/false);
       }
-    } else if (side_dW) {
-      Ops::linear_backward(dx, nullptr, nullptr, dlogits, xf, P + head, N, C, V, false);
-      ticket = Ops::side([&] { Ops::linear_backward(nullptr, G + head, nullptr, dlogits, xf, nullptr, N, C, V); });
     } else {
-      Ops::linear_backward(dx, G + head, static_cast<T*>(nullptr), dlogits, xf, P + head, N, C, V, false);
+      ce_backward(dlogits, labels, N, V, dloss);
+      ticket = head_grads(dx, G, P, head, dlogits, 0, N, C, V, side_dW);
     }
     if (layer_norm) {  // (the LayerNorm's backward accumulates)
       Ops::zero(dh, size_t(N) * C);

@@ -132,7 +132,7 @@ ops::DeltaRuleDims DeltaLMLayout::dims(int B, int T_) const {
 template <class T, class Ops>
 template <class Alloc>
 void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
-  mixed_ = Ops::bf16_mlp();
+  mixed_ = Ops::bf16_gemms();
   const DeltaLMSpec& s = net_.spec;
   const DeltaLMLayout::Cols& c = net_.cols;
   const size_t N = size_t(B) * T_, C = s.hidden_size, H = s.num_heads, I = s.intermediate_size;
@@ -143,18 +143,21 @@ void DeltaLMCore<T, Ops>::carve(Alloc& a, int B, int T_, bool train) {
   const size_t mx = mixed_ ? 1 : 0;  // fp32 MLP tensors, or their bf16 counterparts
   layers_.resize(s.num_hidden_layers);
   for (auto& l : layers_) {
-    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get(N * C);
+    l.h = get(N * C); l.rstd1 = get(N); l.x1 = get((1 - mx) * N * C);
     l.proj = get(N * c.W); l.qkvc = get(N * c.Wc()); l.qkn = get(N * c.Wqk()); l.rqk = get(N * (1 + n) * H);
     l.lg = s.use_forget_gate ? get(N * H) : nullptr;
-    l.o = get(N * Vd); l.ro = get(N * H); l.on = get(N * Vd);
+    // on: fp32 unless mixed, where it is o_norm's bf16 output onh (or, gated, an fp32 step before it).
+    l.o = get(N * Vd); l.ro = get(N * H); l.on = get((!mx || s.use_output_gate) ? N * Vd : 0);
     l.hmid = get(N * C); l.rstd2 = get(N); l.x2 = get((1 - mx) * N * C);
     l.gu = get((1 - mx) * N * 2 * I); l.act = get((1 - mx) * N * I);
     l.x2h = get_as(bf16{}, mx * N * C); l.guh = get_as(bf16{}, mx * N * 2 * I); l.acth = get_as(bf16{}, mx * N * I);
     l.wguh = get_as(bf16{}, mx * 3 * I * C);  // gate|up, then down: one conversion when P holds them so
     l.wdh = l.wguh ? l.wguh + 2 * I * C : nullptr;
+    l.x1h = get_as(bf16{}, mx * N * C); l.onh = get_as(bf16{}, mx * N * Vd);
+    l.wph = get_as(bf16{}, mx * c.W * C); l.woh = get_as(bf16{}, mx * C * Vd);
     l.ckpt = train ? get(Ops::delta_rule_ckpt_size(net_.dims(B, T_), s.use_forget_gate)) : nullptr;
   }
-  head_.carve(a, N, C, V, /*layer_norm=*/false, train);
+  head_.carve(a, N, C, V, /*layer_norm=*/false, train, mixed_);
 }
 
 template <class T, class Ops>
@@ -169,8 +172,10 @@ void DeltaLMCore<T, Ops>::carve_grads(Alloc& a, int B, int T_) {
   g_.dh = get(NC); g_.dx = get(NC); g_.d1 = get(NV); g_.d2 = get(NV);
   g_.dproj = get(N * c.W); g_.dqkvc = get(N * c.Wc()); g_.dqkn = get(N * c.Wqk());
   g_.dlg = get(s.use_forget_gate ? N * s.num_heads : 0);
-  g_.dgu = get((1 - mx) * N * 2 * I); g_.dact = get((1 - mx) * N * I); g_.dlogits = get(this->logit_rows(N, s.vocab_size) * s.vocab_size);
+  g_.dgu = get((1 - mx) * N * 2 * I); g_.dact = get((1 - mx) * N * I);
+  g_.dlogits = get((1 - mx) * this->logit_rows(N, s.vocab_size) * s.vocab_size);  // (mixed: the head's own bf16 one)
   g_.dhh = get_as(bf16{}, mx * NC); g_.dguh = get_as(bf16{}, mx * N * 2 * I); g_.dacth = get_as(bf16{}, mx * N * I);
+  g_.dhoh = get_as(bf16{}, mx * NC); g_.dprojh = get_as(bf16{}, mx * N * c.W);
 }
 
 template <class T, class Ops>
@@ -188,8 +193,7 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
   for (size_t li = 0; li < net_.layers.size(); ++li) {
     auto& a = layers_[li];
     auto& w = net_.layers[li];
-    Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
-    Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, c.W);  // q|k|v|b|a|g
+    attn_in_forward(P, li, N, C, eps);  // proj = q|k|v|b|a|g (attn_norm(h))
     // q|k|v = SiLU(conv(.)), with q|k L2-normalised per head into qkn (on the GPU in one pass,
     // leaving qkvc's q|k part unwritten: nothing reads it).
     T* tail = carried(2 * li);  // piecewise reading (forward_continue): the conv's and the delta rule's state
@@ -199,11 +203,7 @@ double DeltaLMCore<T, Ops>::forward(const T* P, const int32_t* tokens, const int
     if (tail) Ops::short_conv_advance_tail(tail, a.proj, B, T_, c.Wc(), K, c.W);
     if (s.use_forget_gate) Ops::forget_gate_forward(a.lg, a.proj + c.a, P + w.A_log, P + w.dt_bias, N, H, c.W);
     Ops::delta_rule_forward(a.o, a.qkn, a.qkn + c.k, a.qkvc + c.v, a.proj + c.b, a.lg, dd, a.ckpt, state);
-    if (s.use_output_gate)
-      Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
-    else
-      Ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
-    Ops::linear_forward_residual(a.hmid, a.on, P + w.o_proj, a.h, N, c.Vd, C);  // hmid = h + o_proj(on)
+    attn_out_forward(P, li, N, C, H, Dv, eps);  // hmid = h + o_proj(o_norm(o))
     T* next = li + 1 < net_.layers.size() ? layers_[li + 1].h : head_.hout;
     mlp_forward(P, li, next, N, C, I, eps);
   }
@@ -221,6 +221,49 @@ std::unique_ptr<DecodeState> DeltaLMCore<T, Ops>::new_state(int B) const {
     st->buffers.emplace_back(size_t(B) * s.num_heads * s.head_k_dim * s.head_v_dim, T(0));
   }
   return st;
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::attn_in_forward(const T* P, size_t li, int N, int C, double eps) {
+  auto& a = layers_[li];
+  auto& w = net_.layers[li];
+  const int W = net_.cols.W;
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {  // x1 stored in bf16, the weight copied; proj stays fp32
+      Ops::rmsnorm_forward(a.x1h, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
+      Ops::to_bf16(a.wph, P + w.q_proj, size_t(W) * C);
+      Ops::linear_forward(a.proj, a.x1h, a.wph, N, C, W);
+      return;
+    }
+  }
+  Ops::rmsnorm_forward(a.x1, a.rstd1, a.h, P + w.attn_norm, N, C, eps);
+  Ops::linear_forward(a.proj, a.x1, P + w.q_proj, nullptr, N, C, W);
+}
+
+template <class T, class Ops>
+void DeltaLMCore<T, Ops>::attn_out_forward(const T* P, size_t li, int N, int C, int H, int Dv, double eps) {
+  auto& a = layers_[li];
+  auto& w = net_.layers[li];
+  const DeltaLMLayout::Cols& c = net_.cols;
+  const bool gated = net_.spec.use_output_gate;
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {  // on in bf16 (gated: written in fp32, then rounded), the weight copied
+      if (gated) {
+        Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
+        Ops::to_bf16(a.onh, a.on, size_t(N) * c.Vd);
+      } else {
+        Ops::rmsnorm_forward(a.onh, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
+      }
+      Ops::to_bf16(a.woh, P + w.o_proj, size_t(C) * c.Vd);
+      Ops::linear_forward_residual(a.hmid, a.onh, a.woh, a.h, N, c.Vd, C);
+      return;
+    }
+  }
+  if (gated)
+    Ops::gated_rmsnorm_forward(a.on, a.ro, a.o, a.proj + c.g, P + w.o_norm, N, H, Dv, eps, c.W);
+  else
+    Ops::rmsnorm_forward(a.on, a.ro, a.o, P + w.o_norm, N * H, Dv, eps);
+  Ops::linear_forward_residual(a.hmid, a.on, P + w.o_proj, a.h, N, c.Vd, C);
 }
 
 template <class T, class Ops>
@@ -251,9 +294,9 @@ void DeltaLMCore<T, Ops>::mlp_forward(const T* P, size_t li, T* next, int N, int
 // The weight gradients of the linear layers run as side work (Ops::side: a second CUDA stream, in
 // order on the CPU) next to the main stream's input gradients, and the delta rule's latency-bound
 // backward above all. Whatever such work reads stays unchanged until the main stream waits for
-// its ticket: dh until the o_proj ticket (before attn_norm's backward adds to dh), dgu/dact and
-// their bf16 copies until the next layer's MLP (after that same wait), dproj until the next
-// layer's mixer writes it.
+// its ticket: dh (or its bf16 copy dhoh) until the o_proj ticket (before attn_norm's backward adds
+// to dh), dgu/dact and their bf16 copies until the next layer's MLP (after that same wait), dproj
+// (or dprojh) until the next layer's mixer writes it.
 template <class T, class Ops>
 void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C, int I) {
   auto& a = layers_[li];
@@ -277,6 +320,46 @@ void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C
   Ops::swiglu_backward(g.dgu, g.dgu + I, g.dact, a.gu, a.gu + I, N, I, 2 * I, false);
   Ops::linear_backward(g.dx, nullptr, nullptr, g.dgu, a.x2, P + w.gate_proj, N, C, 2 * I, false);
   Ops::side([&] { Ops::linear_backward(nullptr, G + w.gate_proj, nullptr, g.dgu, a.x2, nullptr, N, C, 2 * I); });
+}
+
+// o_proj's backward from dh: d1 (overwritten) on the main stream, the weight gradient as side
+// work (its ticket returned; it reads dh, or its bf16 copy dhoh, and on until waited for).
+template <class T, class Ops>
+int DeltaLMCore<T, Ops>::o_proj_backward(const T* P, T* G, size_t li, int N, int C) {
+  auto& a = layers_[li];
+  auto& w = net_.layers[li];
+  Grads& g = g_;
+  const int Vd = net_.cols.Vd;
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {
+      Ops::to_bf16(g.dhoh, g.dh, size_t(N) * C);
+      Ops::linear_backward(g.d1, nullptr, g.dhoh, a.onh, a.woh, N, Vd, C, false);
+      T* const no_dx = nullptr;
+      return Ops::side([&] { Ops::linear_backward(no_dx, G + w.o_proj, g.dhoh, a.onh, a.woh, N, Vd, C); });
+    }
+  }
+  Ops::linear_backward(g.d1, nullptr, nullptr, g.dh, a.on, P + w.o_proj, N, Vd, C, false);
+  return Ops::side([&] { Ops::linear_backward(nullptr, G + w.o_proj, nullptr, g.dh, a.on, nullptr, N, Vd, C); });
+}
+
+// The fused projection's backward from dproj: dx (overwritten) on the main stream, the weight
+// gradient as side work (its ticket returned; it reads dproj, or its bf16 copy dprojh, and x1).
+template <class T, class Ops>
+int DeltaLMCore<T, Ops>::proj_backward(const T* P, T* G, size_t li, int N, int C) {
+  auto& a = layers_[li];
+  auto& w = net_.layers[li];
+  Grads& g = g_;
+  const int W = net_.cols.W;
+  if constexpr (Ops::kDevice) {
+    if (mixed_) {
+      Ops::to_bf16(g.dprojh, g.dproj, size_t(N) * W);
+      Ops::linear_backward(g.dx, nullptr, g.dprojh, a.x1h, a.wph, N, C, W, false);
+      T* const no_dx = nullptr;
+      return Ops::side([&] { Ops::linear_backward(no_dx, G + w.q_proj, g.dprojh, a.x1h, a.wph, N, C, W); });
+    }
+  }
+  Ops::linear_backward(g.dx, nullptr, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, W, false);
+  return Ops::side([&] { Ops::linear_backward(nullptr, G + w.q_proj, nullptr, g.dproj, a.x1, nullptr, N, C, W); });
 }
 
 template <class T, class Ops>
@@ -303,9 +386,7 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     // Every backward op of the mixer writes (not adds) its input gradients: d1 (o_proj), d2 (o_norm),
     // dqkn and dqkvc's v part (delta rule), dqkvc's q|k part (L2 norm), and dproj's column ranges
     // q|k|v (short conv), beta (delta rule), a (forget gate), g (output gate). No zeroing.
-    Ops::linear_backward(g.d1, nullptr, nullptr, g.dh, a.on, P + w.o_proj, N, c.Vd, C, false);
-    const int o_ticket =
-        Ops::side([&] { Ops::linear_backward(nullptr, G + w.o_proj, nullptr, g.dh, a.on, nullptr, N, c.Vd, C); });
+    const int o_ticket = o_proj_backward(P, G, size_t(li), N, C);  // d1; o_proj's dW as side work
     if (proj_ticket >= 0) Ops::wait(proj_ticket);  // dproj is written from here on
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
@@ -322,9 +403,7 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk(), /*accumulate=*/false);
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
                              c.Wc(), K, c.W, c.Wc(), nullptr, nullptr, /*accumulate=*/false);
-    Ops::linear_backward(g.dx, nullptr, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, c.W, false);
-    proj_ticket =
-        Ops::side([&] { Ops::linear_backward(nullptr, G + w.q_proj, nullptr, g.dproj, a.x1, nullptr, N, C, c.W); });
+    proj_ticket = proj_backward(P, G, size_t(li), N, C);  // dx; the projection's dW as side work
     Ops::wait(o_ticket);  // the side work up to o_proj's dW read dh (and this layer's MLP buffers)
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }

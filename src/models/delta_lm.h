@@ -94,26 +94,36 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
     T* gu;    // [N, 2I]   gate|up
     T* act;   // [N, I]
     T* ckpt;  // delta-rule states at chunk starts (training only)
-    // Mixed precision (Ops::bf16_mlp(), device only): the MLP's x2, gu, act in bf16 instead (the
-    // fp32 ones are then null), and bf16 copies of its two weights, made at each forward.
+    // Mixed precision (Ops::bf16_gemms(), device only): every projection's GEMM takes bf16 inputs.
+    // The MLP's x2, gu, act and the mixer's x1 are stored in bf16 instead (the fp32 ones are then
+    // null), on (o_proj's input) gets a bf16 copy, and the layer's four weights (q|k|v|b|a|g,
+    // o_proj, gate|up, down) bf16 copies made at each forward.
     bf16 *x2h, *guh, *acth, *wguh, *wdh;
+    bf16 *x1h, *onh, *wph, *woh;
   };
   struct Grads {
     T *dh, *dx, *d1, *d2, *dproj, *dqkvc, *dqkn, *dlg, *dgu, *dact, *dlogits;
     bf16 *dhh, *dguh, *dacth;  // mixed precision: dh's bf16 copy, and dgu, dact in bf16 instead
+    bf16 *dhoh, *dprojh;       // mixed precision: bf16 copies of dh as o_proj's output gradient, of dproj
   };
-  // (Every activation carve decides the MLP's precision for the step: mixed_ = Ops::bf16_mlp().)
+  // (Every activation carve decides the step's precision: mixed_ = Ops::bf16_gemms().)
   template <class Alloc> void carve(Alloc& a, int B, int T_, bool train);
   template <class Alloc> void carve_grads(Alloc& a, int B, int T_);
   // The MLP of layer li: x2 = mlp_norm(hmid); next = hmid + down(swiglu(gate|up(x2))); and its
   // backward from dh (the gradient of next) into dx (the gradient of x2, overwritten) and G.
   void mlp_forward(const T* P, size_t li, T* next, int N, int C, int I, double eps);
+  // The mixer's projections of layer li: proj = q|k|v|b|a|g(attn_norm(h)); hmid = h +
+  // o_proj(o_norm(o)); the backwards of the two GEMMs (each returns its weight gradient's ticket).
+  void attn_in_forward(const T* P, size_t li, int N, int C, double eps);
+  void attn_out_forward(const T* P, size_t li, int N, int C, int H, int Dv, double eps);
+  int o_proj_backward(const T* P, T* G, size_t li, int N, int C);
+  int proj_backward(const T* P, T* G, size_t li, int N, int C);
   void mlp_backward(const T* P, T* G, size_t li, int N, int C, int I);
 
   const DeltaLMLayout& net_;
   std::vector<LayerActs> layers_;
   Grads g_{};
-  bool mixed_ = false;  // the MLPs run in bf16 (Ops::bf16_mlp() when carved)
+  bool mixed_ = false;  // the projections and the head run in bf16 (Ops::bf16_gemms() when carved)
 };
 
 template <class T>

@@ -44,9 +44,10 @@ void TrainingConfig::describe(io::Schema& s) {
       .add("seed", &seed, "seed of initialisation and data", 0, 9.007e15)
       .add("device", &device, "where to train", {"cpu", "cuda"})
       .add("precision", &precision,
-           "CUDA only (the CPU computes in fp32): bf16 = TF32 GEMMs and the MLPs' activations in bf16 (close to "
-           "a bf16 autocast; the DeltaProduct authors' state-tracking script instead casts the whole model and its "
-           "AdamW state to bf16), tf32 = TF32 GEMMs on fp32 data, fp32 = full fp32 GEMMs; parameters, optimizer "
+           "CUDA only (the CPU computes in fp32): bf16 = the delta-rule family's projections, MLPs and LM head as "
+           "bf16 GEMMs and its chunked delta rule with bf16 products, other GEMMs TF32 (close to a bf16 autocast; "
+           "the DeltaProduct authors' state-tracking script instead casts the whole model and its AdamW state to "
+           "bf16), tf32 = TF32 GEMMs on fp32 data, fp32 = full fp32 GEMMs; parameters, optimizer "
            "state, recurrent state and accumulators are fp32 in every mode",
            {"bf16", "tf32", "fp32"})
       .add("num_threads", &num_threads, "CPU threads (0 = all cores)", 0, 4096);

@@ -228,12 +228,12 @@ class CudaEngine final : public Engine {
       return fmt::format("{} x cuda ({}; data-parallel over NCCL {}, optimizer state sharded; {} GEMMs{})", ranks_,
                          cuda::device_name(), comm_->version(),
                          cuda::gemm_precision() == cuda::GemmPrecision::TF32   ? "TF32"
-                         : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "TF32, bf16 MLPs"
+                         : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "bf16 projections where the model has them, else TF32"
                                                                                : "fp32",
                          use_graphs_ ? ", CUDA graphs" : "");
     return fmt::format("cuda ({}; {} GEMMs{})", cuda::device_name(),
                        cuda::gemm_precision() == cuda::GemmPrecision::TF32   ? "TF32"
-                       : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "TF32, bf16 MLPs"
+                       : cuda::gemm_precision() == cuda::GemmPrecision::BF16 ? "bf16 projections where the model has them, else TF32"
                                                                              : "fp32",
                        use_graphs_ ? ", CUDA graphs" : "");
   }

@@ -45,6 +45,7 @@
 
 namespace cpu = lrnn::ops;
 namespace gpu = lrnn::ops::cuda;
+using lrnn::bf16;
 using lrnn::cuda::Buffer;
 using lrnn::testing::expect_close;
 using lrnn::testing::randn;
@@ -693,6 +694,17 @@ void check_cross_entropy(int N, int V, double ignore_frac, double scale, bool wi
     EXPECT_EQ(Loss.download()[0], 0.f);
     EXPECT_EQ(max_abs(dl), 0.f);
   }
+  // dlogits in bf16 (the bf16 LM head's input): the fp32 kernel's values rounded to nearest even,
+  // bit for bit (the same arithmetic, then one rounding), in both layouts and at either alignment.
+  std::vector<bf16> garbage(size_t(N) * V + offset);
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = bf16::from_float(float(i % 7) - 3.f);
+  Buffer<bf16> Dh;
+  Dh.upload(garbage);
+  gpu::cross_entropy_backward(Dh.data() + offset, L.data() + offset, Lab.data(), N, V, dloss);
+  auto dh = Dh.download();
+  size_t mismatches = 0;
+  for (size_t i = 0; i < dl.size(); ++i) mismatches += dh[i + offset].bits != bf16::from_float(dl[i]).bits;
+  EXPECT_EQ(mismatches, 0u) << "bf16 dlogits differ from the rounded fp32 ones";
 }
 
 TEST(CudaElementwise, CrossEntropy) {
@@ -744,7 +756,7 @@ TEST(CudaElementwise, CrossEntropyNoRows) {
   LRNN_REQUIRE_GPU();
   auto Loss = to_device(std::vector<float>{123.f});
   gpu::cross_entropy_loss(Loss.data(), nullptr, nullptr, nullptr, 0, 5);
-  gpu::cross_entropy_backward(nullptr, nullptr, nullptr, 0, 5, 1.0);
+  gpu::cross_entropy_backward(static_cast<float*>(nullptr), nullptr, nullptr, 0, 5, 1.0);
   EXPECT_EQ(Loss.download()[0], 0.f);
 }
 

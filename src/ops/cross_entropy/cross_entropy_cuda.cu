@@ -16,6 +16,7 @@
 // A label >= V cannot be reported from the device: its row loss is NaN (and counts), so the
 // mean shows it; the backward then treats the row like the CPU version (no one-hot term).
 #include "ops/cross_entropy/cross_entropy_cuda.h"
+#include <cuda_bf16.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -59,6 +60,19 @@ __device__ __forceinline__ float row_lse(const float* x, int V, int li, bool val
     for (int v = li; v < V; v += G) s += expf(x[v] - m);
   s = group_sum<G>(s);
   return m + logf(s);
+}
+
+// The backward's outputs: fp32, or bf16 (rounded to nearest even) for the bf16 GEMMs of the head.
+__device__ __forceinline__ void put(float* d, float v) { *d = v; }
+__device__ __forceinline__ void put(__nv_bfloat16* d, float v) { *d = __float2bfloat16_rn(v); }
+// Four consecutive outputs at d + 4 i (d 16-byte aligned for fp32, 8-byte for bf16).
+__device__ __forceinline__ void put4(float* d, int i, float4 v) { reinterpret_cast<float4*>(d)[i] = v; }
+__device__ __forceinline__ void put4(__nv_bfloat16* d, int i, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 w;
+  w.x = *reinterpret_cast<const uint32_t*>(&lo);
+  w.y = *reinterpret_cast<const uint32_t*>(&hi);
+  reinterpret_cast<uint2*>(d)[i] = w;
 }
 
 // Sum over the block (kThreads threads) of a float and an int, in a fixed order; result in thread 0.
@@ -155,8 +169,8 @@ __global__ void __launch_bounds__(kThreads) ce_count_kernel(int* __restrict__ pc
   if (threadIdx.x == 0) pcnt[blockIdx.x] = n;
 }
 
-template <int G>
-__global__ void __launch_bounds__(kThreads) ce_backward_kernel(float* __restrict__ dlogits,
+template <int G, class D>
+__global__ void __launch_bounds__(kThreads) ce_backward_kernel(D* __restrict__ dlogits,
                                                                const float* __restrict__ logits,
                                                                const int32_t* __restrict__ labels, int N, int V,
                                                                double dloss, const int* __restrict__ pcnt,
@@ -172,11 +186,11 @@ __global__ void __launch_bounds__(kThreads) ce_backward_kernel(float* __restrict
     // Ignored and out-of-range rows still take part in the (group-uniform) shuffles.
     const float lse = row_lse<G>(x, V, li, valid && lab >= 0);
     if (!valid) continue;
-    float* d = dlogits + row * (long long)V;
+    D* d = dlogits + row * (long long)V;
     if (lab < 0) {
-      for (int v = li; v < V; v += G) d[v] = 0.f;
+      for (int v = li; v < V; v += G) put(d + v, 0.f);
     } else {
-      for (int v = li; v < V; v += G) d[v] = scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f));
+      for (int v = li; v < V; v += G) put(d + v, scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f)));
     }
   }
 }
@@ -255,8 +269,8 @@ __global__ void __launch_bounds__(kThreads) ce_loss_block_rows_kernel(float* __r
   write_partials(psum, pcnt, acc, cnt);
 }
 
-template <bool VEC>
-__global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(float* __restrict__ dlogits,
+template <bool VEC, class D>
+__global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(D* __restrict__ dlogits,
                                                                           const float* __restrict__ logits,
                                                                           const int32_t* __restrict__ labels, int N,
                                                                           int V, double dloss,
@@ -265,13 +279,12 @@ __global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(float*
   for (long long row = blockIdx.x; row < N; row += gridDim.x) {
     const int lab = labels[row];
     const float* x = logits + row * (long long)V;
-    float* d = dlogits + row * (long long)V;
+    D* d = dlogits + row * (long long)V;
     if (lab < 0) {
       if (VEC) {
-        for (int i = threadIdx.x; i < V / 4; i += kThreads)
-          reinterpret_cast<float4*>(d)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = threadIdx.x; i < V / 4; i += kThreads) put4(d, i, make_float4(0.f, 0.f, 0.f, 0.f));
       } else {
-        for (int v = threadIdx.x; v < V; v += kThreads) d[v] = 0.f;
+        for (int v = threadIdx.x; v < V; v += kThreads) put(d + v, 0.f);
       }
       continue;
     }
@@ -285,10 +298,10 @@ __global__ void __launch_bounds__(kThreads) ce_backward_block_rows_kernel(float*
         o.y = scale * (expf(v.y - lse) - (v0 + 1 == lab ? 1.f : 0.f));
         o.z = scale * (expf(v.z - lse) - (v0 + 2 == lab ? 1.f : 0.f));
         o.w = scale * (expf(v.w - lse) - (v0 + 3 == lab ? 1.f : 0.f));
-        reinterpret_cast<float4*>(d)[i] = o;
+        put4(d, i, o);
       }
     } else {
-      for (int v = threadIdx.x; v < V; v += kThreads) d[v] = scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f));
+      for (int v = threadIdx.x; v < V; v += kThreads) put(d + v, scale * (expf(x[v] - lse) - (v == lab ? 1.f : 0.f)));
     }
   }
 }
@@ -302,13 +315,13 @@ void launch_loss(float* losses, float* psum, int* pcnt, const float* logits, con
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
-template <int G>
-void launch_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss,
+template <int G, class D>
+void launch_backward(D* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss,
                      const int* pcnt, int nparts) {
   constexpr int kRows = kThreads / G;
   unsigned blocks = ::lrnn::cuda::blocks_for(size_t(N), kRows);
   if (blocks > unsigned(kMaxRowBlocks)) blocks = kMaxRowBlocks;
-  ce_backward_kernel<G><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N, V, dloss, pcnt,
+  ce_backward_kernel<G, D><<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N, V, dloss, pcnt,
                                                                         nparts);
   LRNN_CUDA_LAUNCH_CHECK();
 }
@@ -344,7 +357,10 @@ void cross_entropy_loss(float* loss, float* losses, const float* logits, const i
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
-void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss) {
+namespace {
+// The backward into fp32 or bf16 dlogits (D).
+template <class D>
+void backward_impl(D* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss) {
   if (N <= 0 || V <= 0) return;
   int* pcnt = static_cast<int*>(::lrnn::cuda::scratch(kMaxCountBlocks * sizeof(int)));
   unsigned cblocks = ::lrnn::cuda::blocks_for(size_t(N), kThreads);
@@ -353,8 +369,9 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
   LRNN_CUDA_LAUNCH_CHECK();
   if (V >= kBlockRowV) {
     const unsigned blocks = unsigned(std::min(N, kMaxBackwardBlocks));
-    const auto kernel = V % 4 == 0 && aligned16(logits) && aligned16(dlogits) ? ce_backward_block_rows_kernel<true>
-                                                                              : ce_backward_block_rows_kernel<false>;
+    // Four outputs at a time need rows of the logits 16-byte aligned and of dlogits 4 outputs.
+    const bool vec = V % 4 == 0 && aligned16(logits) && reinterpret_cast<uintptr_t>(dlogits) % (4 * sizeof(D)) == 0;
+    const auto kernel = vec ? ce_backward_block_rows_kernel<true, D> : ce_backward_block_rows_kernel<false, D>;
     kernel<<<blocks, kThreads, 0, ::lrnn::cuda::stream()>>>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks));
     LRNN_CUDA_LAUNCH_CHECK();
     return;
@@ -365,6 +382,15 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
     case 16: launch_backward<16>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
     default: launch_backward<32>(dlogits, logits, labels, N, V, dloss, pcnt, int(cblocks)); break;
   }
+}
+
+}  // namespace
+
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss) {
+  backward_impl(dlogits, logits, labels, N, V, dloss);
+}
+void cross_entropy_backward(bf16* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss) {
+  backward_impl(reinterpret_cast<__nv_bfloat16*>(dlogits), logits, labels, N, V, dloss);
 }
 
 }  // namespace lrnn::ops::cuda

@@ -6,7 +6,11 @@
 // with ignored labels get 0. It counts the labels itself (in cuda::scratch).
 #pragma once
 #include <cstdint>
+#include "core/dtype.h"
 namespace lrnn::ops::cuda {
 void cross_entropy_loss(float* loss, float* losses, const float* logits, const int32_t* labels, int N, int V);
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss);
+// The same with dlogits stored in bf16 (rounded to nearest even): the input of the head's bf16
+// GEMMs under mixed precision.
+void cross_entropy_backward(bf16* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss);
 }  // namespace lrnn::ops::cuda
