@@ -1268,7 +1268,15 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
   launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
-  if (outputs) launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
+  if (!outputs) return;
+  // The bf16-tile form (~72 KB of shared memory, 84 registers) in blocks of 8 warps: its products
+  // are 8 strips of 16 x 32 (half of 16 warps idled in them), and two such blocks share an SM where
+  // one of 16 warps filled it, so one block's loads overlap the other's products (ncu, H200, B 8 x
+  // T 2048 x H 8: at 16 warps one block per SM, 36 % of the stalls waiting on its global loads).
+  if (output_bf16_tiles(P, gm.BV))
+    launch<output_kernel<P>, kPrepThreads>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
+  else
+    launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
 }
 
 template <Mma P>
