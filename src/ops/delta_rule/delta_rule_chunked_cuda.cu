@@ -106,7 +106,8 @@ constexpr int kLdE = kE + 4;         // leading dimension of 64 x 64 tiles in sh
 // bf16 products, 8 warps -> 16: grad 1339 -> 1183 us, dstate 579 -> 470, state 325 -> 271,
 // output 347 -> 318, prep 362 -> 496): 16 warps where a block is alone on its SM (the walks,
 // output, grad: 121-222 KB of shared memory each), so that twice the warps hide each other's
-// latency; 8 for prep, which holds two blocks per SM.
+// latency; 8 for prep, which holds two blocks per SM, and for the bf16-tile output kernel, which
+// holds two too (see forward_impl).
 constexpr int kPrepThreads = 256;
 constexpr int kThreads = 512;
 constexpr int kMaxWarps = kThreads / 32;
