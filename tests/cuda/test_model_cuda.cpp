@@ -62,13 +62,18 @@ TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
 
 // The language-model head in chunks of rows on the GPU (dense labels, 5 rows of logits at a time:
 // 111 rows in 23 chunks, the last of one row) against the CPU's whole head: the loss, then every
-// gradient; fp32 GEMMs, the bounds of compare_model. Vocabularies of 300 (the cross-entropy's
-// warp-per-row layout) and 2500 (block per row).
+// gradient. Vocabularies of 300 (the cross-entropy's warp-per-row layout) and 2500 (block per
+// row). With fp32 GEMMs, the bounds of compare_model; under BF16 (bf16 head GEMMs and dlogits, the
+// chunked path of a language model's training step) the bounds of the bf16 model test below
+// (DeltaNetMatchesCpuWithBf16Gemms, whose worst DeltaNet gradient was 2.5e-2) and 1e-2 of the
+// loss; a wiring error (a chunk's rows or scale wrong, a gradient missing) is of order 1.
 TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
   LRNN_REQUIRE_GPU();
+  for (const auto prec : {cuda::GemmPrecision::FP32, cuda::GemmPrecision::BF16})
   for (const int vocab : {300, 2500}) {
-    SCOPED_TRACE("vocabulary " + std::to_string(vocab));
-    cuda::set_gemm_precision(cuda::GemmPrecision::FP32);
+    const bool bf16 = prec == cuda::GemmPrecision::BF16;
+    SCOPED_TRACE("vocabulary " + std::to_string(vocab) + (bf16 ? ", bf16" : ", fp32"));
+    cuda::set_gemm_precision(prec);
     const std::string yaml = "{model_type: delta_net, vocab_size: " + std::to_string(vocab) +
                              ", hidden_size: 64, num_hidden_layers: 2, "
                              "num_heads: 2, allow_neg_eigval: true, tie_word_embeddings: true}";
@@ -95,10 +100,16 @@ TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
     lm_head_chunk_elements() = prev;
     std::vector<float> gloss(1);
     LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
-    EXPECT_NEAR(gloss[0], loss, 1e-4 * loss);
+    EXPECT_NEAR(gloss[0], loss, (bf16 ? 1e-2 : 1e-4) * loss);
     auto grads = dev->grads.download();
-    for (auto& e : cpu->layout().entries())
-      EXPECT_LT(rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel), 2e-3) << e.name;
+    double worst = 0;
+    for (auto& e : cpu->layout().entries()) {
+      const double err = rel_err(grads.data() + e.offset, cpu->grads.data() + e.offset, e.numel);
+      worst = std::max(worst, err);
+      EXPECT_LT(err, bf16 ? 0.2 : 2e-3) << e.name;
+    }
+    std::printf("chunked head, V %d, %s: loss %.3e relative, worst gradient %.2e\n", vocab, bf16 ? "bf16" : "fp32",
+                std::fabs(gloss[0] - loss) / loss, worst);
     cuda::set_gemm_precision(cuda::GemmPrecision::TF32);
   }
 }
