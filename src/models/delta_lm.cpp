@@ -322,44 +322,23 @@ void DeltaLMCore<T, Ops>::mlp_backward(const T* P, T* G, size_t li, int N, int C
   Ops::side([&] { Ops::linear_backward(nullptr, G + w.gate_proj, nullptr, g.dgu, a.x2, nullptr, N, C, 2 * I); });
 }
 
-// o_proj's backward from dh: d1 (overwritten) on the main stream, the weight gradient as side
-// work (its ticket returned; it reads dh, or its bf16 copy dhoh, and on until waited for).
+// A projection's backward from dout: dinp (overwritten) on the main stream, the weight gradient
+// added into dW as side work (its ticket returned; it reads dout, or its bf16 copy douth, and the
+// input until waited for). Mixed: dout is first copied to douth, and the GEMMs read the forward's
+// bf16 input and weight copies inh, Wh; else inp and W.
 template <class T, class Ops>
-int DeltaLMCore<T, Ops>::o_proj_backward(const T* P, T* G, size_t li, int N, int C) {
-  auto& a = layers_[li];
-  auto& w = net_.layers[li];
-  Grads& g = g_;
-  const int Vd = net_.cols.Vd;
+int DeltaLMCore<T, Ops>::projection_backward(T* dinp, T* dW, const T* dout, bf16* douth, const T* inp, const bf16* inh,
+                                             const T* W, const bf16* Wh, int N, int IC, int OC) {
   if constexpr (Ops::kDevice) {
     if (mixed_) {
-      Ops::to_bf16(g.dhoh, g.dh, size_t(N) * C);
-      Ops::linear_backward(g.d1, nullptr, g.dhoh, a.onh, a.woh, N, Vd, C, false);
-      T* const no_dx = nullptr;
-      return Ops::side([&] { Ops::linear_backward(no_dx, G + w.o_proj, g.dhoh, a.onh, a.woh, N, Vd, C); });
+      Ops::to_bf16(douth, dout, size_t(N) * OC);
+      Ops::linear_backward(dinp, nullptr, douth, inh, Wh, N, IC, OC, false);
+      T* const no_dx = nullptr;  // (a typed null picks the overload with fp32 input gradients)
+      return Ops::side([&] { Ops::linear_backward(no_dx, dW, douth, inh, Wh, N, IC, OC); });
     }
   }
-  Ops::linear_backward(g.d1, nullptr, nullptr, g.dh, a.on, P + w.o_proj, N, Vd, C, false);
-  return Ops::side([&] { Ops::linear_backward(nullptr, G + w.o_proj, nullptr, g.dh, a.on, nullptr, N, Vd, C); });
-}
-
-// The fused projection's backward from dproj: dx (overwritten) on the main stream, the weight
-// gradient as side work (its ticket returned; it reads dproj, or its bf16 copy dprojh, and x1).
-template <class T, class Ops>
-int DeltaLMCore<T, Ops>::proj_backward(const T* P, T* G, size_t li, int N, int C) {
-  auto& a = layers_[li];
-  auto& w = net_.layers[li];
-  Grads& g = g_;
-  const int W = net_.cols.W;
-  if constexpr (Ops::kDevice) {
-    if (mixed_) {
-      Ops::to_bf16(g.dprojh, g.dproj, size_t(N) * W);
-      Ops::linear_backward(g.dx, nullptr, g.dprojh, a.x1h, a.wph, N, C, W, false);
-      T* const no_dx = nullptr;
-      return Ops::side([&] { Ops::linear_backward(no_dx, G + w.q_proj, g.dprojh, a.x1h, a.wph, N, C, W); });
-    }
-  }
-  Ops::linear_backward(g.dx, nullptr, nullptr, g.dproj, a.x1, P + w.q_proj, N, C, W, false);
-  return Ops::side([&] { Ops::linear_backward(nullptr, G + w.q_proj, nullptr, g.dproj, a.x1, nullptr, N, C, W); });
+  Ops::linear_backward(dinp, nullptr, nullptr, dout, inp, W, N, IC, OC, false);
+  return Ops::side([&] { Ops::linear_backward(nullptr, dW, nullptr, dout, inp, nullptr, N, IC, OC); });
 }
 
 template <class T, class Ops>
@@ -386,7 +365,8 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     // Every backward op of the mixer writes (not adds) its input gradients: d1 (o_proj), d2 (o_norm),
     // dqkn and dqkvc's v part (delta rule), dqkvc's q|k part (L2 norm), and dproj's column ranges
     // q|k|v (short conv), beta (delta rule), a (forget gate), g (output gate). No zeroing.
-    const int o_ticket = o_proj_backward(P, G, size_t(li), N, C);  // d1; o_proj's dW as side work
+    const int o_ticket =  // d1; o_proj's dW as side work
+        projection_backward(g.d1, G + w.o_proj, g.dh, g.dhoh, a.on, a.onh, P + w.o_proj, a.woh, N, c.Vd, C);
     if (proj_ticket >= 0) Ops::wait(proj_ticket);  // dproj is written from here on
     if (s.use_output_gate)
       Ops::gated_rmsnorm_backward(g.d2, g.dproj + c.g, G + w.o_norm, g.d1, a.o, a.proj + c.g, P + w.o_norm, a.ro, N,
@@ -403,7 +383,8 @@ void DeltaLMCore<T, Ops>::backward(const T* P, T* G) {
     Ops::l2norm_backward(g.dqkvc, g.dqkn, a.qkn, a.rqk, N, Dk, (1 + n) * H, c.Wc(), c.Wqk(), /*accumulate=*/false);
     Ops::short_conv_backward(g.dproj, K ? G + w.q_conv : nullptr, g.dqkvc, a.proj, K ? P + w.q_conv : nullptr, B, T_,
                              c.Wc(), K, c.W, c.Wc(), nullptr, nullptr, /*accumulate=*/false);
-    proj_ticket = proj_backward(P, G, size_t(li), N, C);  // dx; the projection's dW as side work
+    proj_ticket =  // dx; q|k|v|b|a|g's dW as side work
+        projection_backward(g.dx, G + w.q_proj, g.dproj, g.dprojh, a.x1, a.x1h, P + w.q_proj, a.wph, N, C, c.W);
     Ops::wait(o_ticket);  // the side work up to o_proj's dW read dh (and this layer's MLP buffers)
     Ops::rmsnorm_backward(g.dh, G + w.attn_norm, g.dx, a.h, P + w.attn_norm, a.rstd1, N, C);
   }

@@ -113,11 +113,11 @@ class DeltaLMCore : public CoreFrame<DeltaLMCore<T, Ops>, T, Ops> {
   // backward from dh (the gradient of next) into dx (the gradient of x2, overwritten) and G.
   void mlp_forward(const T* P, size_t li, T* next, int N, int C, int I, double eps);
   // The mixer's projections of layer li: proj = q|k|v|b|a|g(attn_norm(h)); hmid = h +
-  // o_proj(o_norm(o)); the backwards of the two GEMMs (each returns its weight gradient's ticket).
+  // o_proj(o_norm(o)); and the backward of such a projection (its weight gradient as side work).
   void attn_in_forward(const T* P, size_t li, int N, int C, double eps);
   void attn_out_forward(const T* P, size_t li, int N, int C, int H, int Dv, double eps);
-  int o_proj_backward(const T* P, T* G, size_t li, int N, int C);
-  int proj_backward(const T* P, T* G, size_t li, int N, int C);
+  int projection_backward(T* dinp, T* dW, const T* dout, bf16* douth, const T* inp, const bf16* inh, const T* W,
+                          const bf16* Wh, int N, int IC, int OC);
   void mlp_backward(const T* P, T* G, size_t li, int N, int C, int I);
 
   const DeltaLMLayout& net_;
