@@ -28,7 +28,9 @@
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
 //            each operand of the next chunk is copied in as soon as its buffer is free)
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
-//            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic)
+//            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
+//            bf16 products and head dims that are multiples of 32, every operand staged once as a
+//            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel)
 // Operands live in shared memory where it holds them (fp32 tiles: one block per SM), else are read
 // from global memory (L2) by the MMA loads. The grad kernel stages U~ and then dU~ in shared
 // memory and reads S0 and dS (Dk x Dv each) from L2 by strips that share each fragment of them
@@ -366,6 +368,19 @@ __device__ void mm_b(float* out, int ldo, const float* A, int lda, const float* 
     mm<AT, BT, MM>(out, ldo, A, lda, B, ldb, M, N, K, alpha, cin, ldc, beta);
 }
 
+// 16-byte loads and stores where p is 16-byte aligned, else element by element.
+__device__ __forceinline__ float4 load4(const float* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) return *reinterpret_cast<const float4*>(p);
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void store4(float* p, float4 v) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+  }
+}
+
 // ---- bf16 operand tiles in shared memory, read by ldmatrix (Mma::Bf16) ----
 // A tile is row-major bf16 with a leading dimension ld (elements) that is a multiple of 8 with
 // ld / 8 odd (kBfPad added to a multiple of 16 columns): each row starts 16-byte aligned and the
@@ -392,54 +407,75 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
                : "r"(smem_addr(p)));
 }
 
-// out[M x N] (fp32) = alpha op(A) op(B) + beta cin, A and B bf16 tiles in shared memory, fp32
-// accumulation; op as in mm (AT: A stored K x M; BT: B stored N x K). M and K multiples of 16, N of
-// 32; no barrier inside. A warp computes a 16 x 32 strip: per k step of 16 one ldmatrix for A, two
-// for B (four 8-column tiles), four MMAs.
+// acc += op(A) op(B) for the 16 x 32 strip at (m0, n0), A and B bf16 tiles in shared memory, op as
+// in mm (AT: A stored K x M; BT: B stored N x K), K a multiple of 16: per k step of 16 one ldmatrix
+// for A, two for B (four 8-column tiles), four MMAs. acc[q] is the 16 x 8 tile at column n0 + 8 q
+// (mma_bf16's layout).
 template <bool AT, bool BT>
-__device__ void mm_s(float* out, int ldo, const bf16* A, int lda, const bf16* B, int ldb, int M, int N, int K,
-                     float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
-  const int r = lane & 7, j = lane >> 3, sn = N >> 5, strips = (M >> 4) * sn;
+__device__ __forceinline__ void strip_s(float (&acc)[4][4], const bf16* A, int lda, const bf16* B, int ldb, int m0,
+                                        int n0, int K) {
+  const int lane = threadIdx.x & 31, r = lane & 7, j = lane >> 3;
   // This lane's row address within a 16 x 16 block (see ldsm_x4): A's matrices are (rows 0-7,
   // k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15); B's (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7),
   // (8-15, 8-15), i.e. the two k halves of two 8-column tiles.
   const int a_row = AT ? r + 8 * (j >> 1) : r + 8 * (j & 1), a_col = AT ? 8 * (j & 1) : 8 * (j >> 1);
   const int b_row = BT ? r + 8 * (j >> 1) : r + 8 * (j & 1), b_col = BT ? 8 * (j & 1) : 8 * (j >> 1);
+  // Stored (row, col) of this lane's address: A(m, k) is A[m lda + k] or, with AT, A[k lda + m];
+  // B(k, n) is B[k ldb + n] or, with BT, B[n ldb + k].
+  const bf16* pa = AT ? A + size_t(a_row) * lda + m0 + a_col : A + size_t(m0 + a_row) * lda + a_col;
+  const bf16* pb0 = BT ? B + size_t(n0 + b_row) * ldb + b_col : B + size_t(b_row) * ldb + n0 + b_col;
+  const bf16* pb1 = BT ? pb0 + size_t(16) * ldb : pb0 + 16;
+  const size_t a_step = AT ? size_t(16) * lda : 16, b_step = BT ? 16 : size_t(16) * ldb;
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t a[4], b0[4], b1[4];
+    if (AT) ldsm_x4_t(a, pa); else ldsm_x4(a, pa);
+    if (BT) ldsm_x4(b0, pb0), ldsm_x4(b1, pb1); else ldsm_x4_t(b0, pb0), ldsm_x4_t(b1, pb1);
+    mma_bf16(acc[0], a, b0[0], b0[1]);
+    mma_bf16(acc[1], a, b0[2], b0[3]);
+    mma_bf16(acc[2], a, b1[0], b1[1]);
+    mma_bf16(acc[3], a, b1[2], b1[3]);
+    pa += a_step, pb0 += b_step, pb1 += b_step;
+  }
+}
+
+// The M x N product op(A) op(B) (+ op(A2) op(B2), over K2, where A2 is given: the same op), A and B
+// bf16 tiles in shared memory, fp32 accumulation, by all warps of the block, a 16 x 32 strip per
+// warp at a time; epi(row, col, x, y) gets the results at (row, col) and (row, col + 1). M a
+// multiple of 16, N of 32; no barrier inside.
+template <bool AT, bool BT, class Epi>
+__device__ void mm_s_to(int M, int N, Epi epi, const bf16* A, int lda, const bf16* B, int ldb, int K,
+                        const bf16* A2 = nullptr, int lda2 = 0, const bf16* B2 = nullptr, int ldb2 = 0, int K2 = 0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+  const int sn = N >> 5, strips = (M >> 4) * sn;
   for (int t = warp; t < strips; t += nwarps()) {
     const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
     float acc[4][4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
-    // Stored (row, col) of this lane's address: A(m, k) is A[m lda + k] or, with AT, A[k lda + m];
-    // B(k, n) is B[k ldb + n] or, with BT, B[n ldb + k].
-    const bf16* pa = AT ? A + size_t(a_row) * lda + m0 + a_col : A + size_t(m0 + a_row) * lda + a_col;
-    const bf16* pb0 = BT ? B + size_t(n0 + b_row) * ldb + b_col : B + size_t(b_row) * ldb + n0 + b_col;
-    const bf16* pb1 = BT ? pb0 + size_t(16) * ldb : pb0 + 16;
-    const size_t a_step = AT ? size_t(16) * lda : 16, b_step = BT ? 16 : size_t(16) * ldb;
-#pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      uint32_t a[4], b0[4], b1[4];
-      if (AT) ldsm_x4_t(a, pa); else ldsm_x4(a, pa);
-      if (BT) ldsm_x4(b0, pb0), ldsm_x4(b1, pb1); else ldsm_x4_t(b0, pb0), ldsm_x4_t(b1, pb1);
-      mma_bf16(acc[0], a, b0[0], b0[1]);
-      mma_bf16(acc[1], a, b0[2], b0[3]);
-      mma_bf16(acc[2], a, b1[0], b1[1]);
-      mma_bf16(acc[3], a, b1[2], b1[3]);
-      pa += a_step, pb0 += b_step, pb1 += b_step;
-    }
+    strip_s<AT, BT>(acc, A, lda, B, ldb, m0, n0, K);
+    if (A2) strip_s<AT, BT>(acc, A2, lda2, B2, ldb2, m0, n0, K2);
 #pragma unroll
     for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        put_pair(out, ldo, cin, ldc, m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1], alpha, beta);
+      for (int h = 0; h < 2; ++h) epi(m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1]);
   }
 }
 
-// Converts a rows x cols fp32 tile (global or shared; cols a multiple of 4, rows 16-byte aligned)
-// into a bf16 tile in shared memory (rounded to nearest, as the MMA loads of the fp32 tiles round):
-// rows over the warps, 4 values a lane, four rows' loads in flight before their stores.
-__device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
+// out[M x N] (fp32) = alpha op(A) op(B) + beta cin (mm's contract, on bf16 tiles: mm_s_to).
+template <bool AT, bool BT>
+__device__ void mm_s(float* out, int ldo, const bf16* A, int lda, const bf16* B, int ldb, int M, int N, int K,
+                     float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
+  mm_s_to<AT, BT>(M, N, [&](int row, int col, float x, float y) { put_pair(out, ldo, cin, ldc, row, col, x, y, alpha, beta); },
+                  A, lda, B, ldb, K);
+}
+
+// Converts rows x cols fp32 values (global or shared; cols a multiple of 4) into a bf16 tile in
+// shared memory (rounded to nearest, as the MMA loads of the fp32 tiles round): row r from
+// src + rowoff(r), or zeros where rowoff(r) < 0. Rows over the warps, 4 values a lane, four rows'
+// loads in flight before their stores.
+template <class RowOff>
+__device__ void to_bf16_rows(bf16* dst, int ldd, const float* src, int rows, int cols, RowOff rowoff) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2, nw = nwarps();
   for (int r0 = warp; r0 < rows; r0 += 4 * nw)
     for (int q = lane; q < c4; q += 32) {
@@ -447,7 +483,8 @@ __device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* sr
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int rr = r0 + u * nw;
-        v[u] = rr < rows ? *reinterpret_cast<const float4*>(src + rr * lds + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const long long off = rr < rows ? rowoff(rr) : -1;
+        v[u] = off >= 0 ? load4(src + off + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -459,6 +496,10 @@ __device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* sr
         }
       }
     }
+}
+// A rows x cols tile with row stride lds (16-byte aligned rows), as to_bf16_rows.
+__device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
+  to_bf16_rows(dst, ldd, src, rows, cols, [=](int r) { return (long long)(r * lds); });
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -488,17 +529,6 @@ __device__ __forceinline__ void copy_tile(float* dst, int ldd, const float* src,
 // the element offset of row i's first element in the strided tensor, or -1 for a row that is not
 // there (gathered as zeros, not scattered). A warp takes four rows at a time (their loads all in
 // flight before any store), a lane 4 columns (one 16-byte access where the row is aligned).
-__device__ __forceinline__ float4 load4(const float* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) return *reinterpret_cast<const float4*>(p);
-  return make_float4(p[0], p[1], p[2], p[3]);
-}
-__device__ __forceinline__ void store4(float* p, float4 v) {
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-    *reinterpret_cast<float4*>(p) = v;
-  } else {
-    p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
-  }
-}
 template <class RowOff>
 __device__ void gather_rows(float* sdst, int ldd, float* gdst, const float* src, int rows, int cols, RowOff rowoff,
                             const float* rowscale = nullptr) {
@@ -945,6 +975,34 @@ __device__ float block_sum(float v, float* red) {
   return s;
 }
 
+// The end of the grad kernels: the beta logits' gradients from dbeta, and the gates' from dG by a
+// reverse cumulative sum (G_i sums the gates of events 0..i), G_63's own gradient (dGL) first. dG,
+// dbeta and beta in shared memory, final (a barrier after their last writes).
+__device__ void write_beta_gate_grads(const Args& a, int b, int h, int c, const float* beta, const float* dbeta,
+                                      float* dG, float dGL) {
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    dG[kE - 1] += dGL;
+    float acc = 0.f;
+    for (int i = kE - 1; i >= 0; --i) dG[i] = acc += dG[i];
+  }
+  __syncthreads();
+  if (tid < kE) {
+    const Ev e = event(a, c, tid);
+    if (e.ok) {
+      const size_t tb = tok_index(a, b, e.t);
+      float* pb = a.dbl + tb * a.lb + size_t(e.j) * a.H + h;
+      const float s = sigmoidf(a.bl[tb * a.lb + size_t(e.j) * a.H + h]);
+      const float v = dbeta[tid] * beta[tid] * (1.f - s);
+      *pb = a.accumulate ? *pb + v : v;
+      if (a.g && e.j == 0) {
+        float* pg = a.dg + tb * a.H + h;
+        *pg = a.accumulate ? *pg + dG[tid] : dG[tid];
+      }
+    }
+  }
+}
+
 // ---- grad: one block per chunk (grid NC x BH), all of Dk and Dv ----
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
@@ -1133,28 +1191,258 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   __syncthreads();
   scatter_rows(a.dk, bK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
   scatter_rows(a.dv, bO, ldV, kE, Dv, a.accumulate, [&](int i) { return value_row(a, b, h, c, i); });
-  // The gates from dG by a reverse cumulative sum (G_i sums the gates of events 0..i), G_63's own
-  // gradient first.
-  if (tid == 0) {
-    dG[kE - 1] += dGL;
-    float acc = 0.f;
-    for (int i = kE - 1; i >= 0; --i) dG[i] = acc += dG[i];
+  write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
+}
+
+// ---- grad on bf16 tiles (Mma::Bf16, head dims multiples of 32): the grad kernel's math, every
+// product an mm_s_to on operands staged once as bf16 tiles (ldmatrix, no conversion per MMA) ----
+// ncu on the fp32-tile grad kernel under bf16 products (H200): its warps waited on the L2 strips
+// of S0, dS, U and W loaded right before their conversion (26 % of stalls), on instruction fetch
+// (19 %: 17.5 k instructions, every mm call site inlining three strip shapes), and spilled
+// registers. Here each operand is read from global memory once, converted as it is staged, and
+// every product is one short loop. The products that fed each other through fp32 tiles now feed
+// bf16 tiles written by their epilogues (dW, dX, dY, dP, F), which is where the products read
+// them rounded before, so the values are those of the fp32-tile kernel up to the order of sums;
+// the two products F K and F^T K are one, (F + F^T) K.
+//
+// Shared memory (the phases below; every region 128-byte aligned), for Dk, Dv <= 128 about 219 KB:
+//   R0 K~ (bf16)                      R1 dK (fp32 accumulator, the whole kernel)
+//   R2 dQ, then dX, then dM (fp32)    R3 S0 (bf16), then dY (fp32)
+//   R4 dS (bf16), then Q | dU~, then Tinv | U (bf16)
+//   R5 U~, then dW, then W (bf16)     R6 dO, then dP, then dX, then F + F^T (bf16)
+//   R7 dP (fp32), then dY (bf16)      R8 e = dP . P, then K K^T (fp32)
+struct GradSLayout {
+  int lbK, lbV;     // bf16 leading dimensions (Dk, Dv + kBfPad)
+  size_t r[9], r4b;  // byte offsets of R0..R8, and of R4's second part
+  size_t bytes;
+};
+__host__ __device__ inline GradSLayout grad_s_layout(int Dk, int Dv) {
+  GradSLayout L{};
+  L.lbK = Dk + kBfPad, L.lbV = Dv + kBfPad;
+  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
+  auto mx = [](size_t x, size_t y) { return x > y ? x : y; };
+  const size_t hK = size_t(kE) * L.lbK * 2, hV = size_t(kE) * L.lbV * 2, hE = size_t(kE) * (kE + kBfPad) * 2;
+  const size_t fK = size_t(kE) * (Dk + 4) * 4, fV = size_t(kE) * (Dv + 4) * 4, fE = size_t(kE) * kLdE * 4;
+  const size_t st = size_t(Dk) * L.lbV * 2;  // a Dk x Dv state tile
+  L.r4b = al(mx(hK, hE));
+  const size_t sz[9] = {hK, fK, mx(mx(fK, fV), fE), mx(st, fK), mx(st, L.r4b + hV), mx(hV, hK), mx(hV, hE), mx(fE, hK), fE};
+  size_t off = 0;
+  for (int i = 0; i < 9; ++i) L.r[i] = off, off += al(sz[i]);
+  L.bytes = off;
+  return L;
+}
+__host__ __device__ constexpr bool grad_bf16_tiles(Mma mm, int Dk, int Dv) {
+  return mm == Mma::Bf16 && Dk % 32 == 0 && Dv % 32 == 0;
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, Rp = a.Rp, nh = a.nh;
+  const size_t ch = size_t(bh) * a.NC + c;
+  const GradSLayout L = grad_s_layout(Dk, Dv);
+  const int lbK = L.lbK, lbV = L.lbV, lbE = kE + kBfPad, ldK = Dk + 4, ldV = Dv + 4;
+  auto hreg = [&](int i, size_t extra = 0) { return reinterpret_cast<bf16*>(smb + L.r[i] + extra); };
+  auto freg = [&](int i) { return reinterpret_cast<float*>(smb + L.r[i]); };
+  bf16 *Kh = hreg(0), *S0h = hreg(3), *dSh = hreg(4), *Qh = hreg(4), *Th = hreg(4), *R4b = hreg(4, L.r4b);
+  bf16 *R5 = hreg(5), *R6 = hreg(6), *dYh = hreg(7);
+  float *dK = freg(1), *R2 = freg(2), *dY = freg(3), *dP = freg(7), *P1 = freg(8);
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kMaxWarps];
+  __shared__ int tok[kE];
+  const float* S0 = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
+  const float* dS = a.dS + ch * Dk * Dv;
+  const float* Qc = a.Qc + ch * Rp * Dk;
+  const bool gated = a.g != nullptr;
+  // Epilogues of mm_s_to: fp32 results stored (alpha x) or added, bf16 results stored.
+  auto put = [](float* o, int ld, float alpha) {
+    return [=](int r, int col, float x, float y) { *reinterpret_cast<float2*>(o + r * ld + col) = make_float2(alpha * x, alpha * y); };
+  };
+  auto add = [](float* o, int ld) {
+    return [=](int r, int col, float x, float y) {
+      float2& v = *reinterpret_cast<float2*>(o + r * ld + col);
+      v.x += x, v.y += y;
+    };
+  };
+  auto put_h = [](bf16* o, int ld, float alpha) {
+    return [=](int r, int col, float x, float y) { *reinterpret_cast<uint32_t*>(o + r * ld + col) = bf16_pair(alpha * x, alpha * y); };
+  };
+  auto put_both = [](float* o, int ld, bf16* oh, int ldh) {
+    return [=](int r, int col, float x, float y) {
+      *reinterpret_cast<float2*>(o + r * ld + col) = make_float2(x, y);
+      *reinterpret_cast<uint32_t*>(oh + r * ldh + col) = bf16_pair(x, y);
+    };
+  };
+
+  // Phase 0: stage K~, U~, dS, S0, dO.
+  if (tid < kE) {
+    beta[tid] = a.beta[ch * kE + tid];
+    dG[tid] = dbeta[tid] = 0.f;
+    tok[tid] = token_of(a, c, tid);
+  }
+  to_bf16_tile(Kh, lbK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
+  to_bf16_tile(R5, lbV, a.Ut + ch * kE * Dv, Dv, kE, Dv);
+  to_bf16_tile(dSh, lbV, dS, Dv, Dk, Dv);
+  to_bf16_tile(S0h, lbV, S0, Dv, Dk, Dv);
+  to_bf16_rows(R6, lbV, a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); });
+  load_decays(a, ch, G, gam, D);
+  // S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63 below) = gamma_63 sum(dS . S0).
+  float dGL = 0.f;
+  if (gated) {
+    float part = 0.f;
+    for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
+    dGL = gam[kE - 1] * block_sum(part, red);
   }
   __syncthreads();
-  if (tid < kE) {
-    const Ev e = event(a, c, tid);
-    if (e.ok) {
-      const size_t tb = tok_index(a, b, e.t);
-      float* pb = a.dbl + tb * a.lb + size_t(e.j) * a.H + h;
-      const float s = sigmoidf(a.bl[tb * a.lb + size_t(e.j) * a.H + h]);
-      const float v = dbeta[tid] * beta[tid] * (1.f - s);
-      *pb = a.accumulate ? *pb + v : v;
-      if (gated && e.j == 0) {
-        float* pg = a.dg + tb * a.H + h;
-        *pg = a.accumulate ? *pg + dG[tid] : dG[tid];
+  // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
+  mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), R5, lbV, dSh, lbV, Dv);
+  mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), R6, lbV, S0h, lbV, Dv);
+  mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), R6, lbV, R5, lbV, Dv);
+  __syncthreads();
+  // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
+  to_bf16_tile(Qh, lbK, Qc, Dk, Rp, Dk);
+  to_bf16_tile(R4b, lbV, a.dUt + ch * kE * Dv, Dv, kE, Dv);
+  // dK = diag(D) U~ dS^T. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read before the
+  // scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
+  {
+    float gl_part = 0.f;
+    for (int i = warp; i < kE; i += nwarps()) {
+      float dd = 0.f;
+      for (int col = lane; col < Dk; col += 32) {
+        float& x = dK[i * ldK + col];
+        if (gated) dd += x * __bfloat162float(Kh[i * lbK + col]);
+        x *= D[i];
+      }
+      if (!gated) continue;
+#pragma unroll
+      for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
+      if (tok[kE - 1] != tok[i]) {
+        if (lane == 0) dG[i] -= dd * D[i];
+        gl_part += dd * D[i];
       }
     }
+    if (gated) dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
   }
+  // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
+  for (int r = warp; r < Rp; r += nwarps()) {
+    const float f = row_ok(a, c, r) ? a.scale * gam[r * nh + nh - 1] : 0.f;
+    float acc = 0.f;
+    for (int col = lane; col < Dk; col += 32) {
+      float& v = R2[r * ldK + col];
+      v *= f;
+      acc += v * Qc[size_t(r) * Dk + col];
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
+    if (lane == 0 && row_ok(a, c, r)) dG[r * nh + nh - 1] += acc;
+  }
+  // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token), kept in R8;
+  // dP becomes d(Q K^T) = dP . decay, masked, as bf16 (R6: dO is no longer read).
+  {
+    const float* Pg = a.Pm + ch * Rp * kE;
+    each(Rp, kE, [&](int r, int j) {
+      const int i = r * nh + nh - 1;
+      float e = 0.f, v = 0.f;
+      if (row_ok(a, c, r) && j <= i) {
+        const float dp = dP[r * kLdE + j];
+        e = (gated && j < i && tok[i] != tok[j]) ? dp * Pg[r * kE + j] : 0.f;
+        v = dp * expf(float(G[i] - G[j]));
+      }
+      P1[r * kLdE + j] = e;
+      R6[r * lbE + j] = __float2bfloat16_rn(v);
+    });
+  }
+  __syncthreads();
+  // Phase 3: the gate's sums of e; dQ += dP K, dK += dP^T Q, dW = -dU~ S0^T (U~ = U - W S0).
+  if (gated && tid < kE) {  // row sums to the reading event, column sums from the key's event
+    float s = 0.f;
+    for (int r = 0; r < Rp; ++r) s -= P1[r * kLdE + tid];
+    if (tid % nh == nh - 1 && tid / nh < Rp)
+      for (int j = 0; j < kE; ++j) s += P1[(tid / nh) * kLdE + j];
+    dG[tid] += s;
+  }
+  mm_s_to<false, false>(Rp, Dk, add(R2, ldK), R6, lbE, Kh, lbK, kE);
+  mm_s_to<true, false>(kE, Dk, add(dK, ldK), R6, lbE, Qh, lbK, Rp);
+  mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), R4b, lbV, S0h, lbV, Dv);
+  __syncthreads();
+  // Phase 4: dq out; stage Tinv; K K^T.
+  scatter_rows(a.dq, R2, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
+  to_bf16_tile(Th, lbE, a.Tm + ch * kE * kE, kE, kE, kE);
+  mm_s_to<false, true>(kE, kE, put(P1, kLdE, 1.f), Kh, lbK, Kh, lbK, Dk);
+  __syncthreads();
+  // Phase 5: dX = Tinv^T dU~, dY = Tinv^T dW (fp32 for the element terms, bf16 for dM).
+  mm_s_to<true, false>(kE, Dv, put_both(R2, ldV, R6, lbV), Th, lbE, R4b, lbV, kE);
+  mm_s_to<true, false>(kE, Dk, put_both(dY, ldK, dYh, lbK), Th, lbE, R5, lbK, kE);
+  __syncthreads();
+  // Phase 6: stage U and W; per event: dv = beta dX; dbeta = dX . v + gamma dY . k;
+  // dK += beta gamma dY; dG += beta gamma dY . k.
+  to_bf16_tile(R4b, lbV, a.U + ch * kE * Dv, Dv, kE, Dv);
+  to_bf16_tile(R5, lbK, a.W + ch * kE * Dk, Dk, kE, Dk);
+  for (int i = warp; i < kE; i += nwarps()) {
+    float dvd = 0.f, dkd = 0.f;
+    const long long vrow = value_row(a, b, h, c, i);
+    for (int col = lane; col < Dv; col += 32) {
+      const float x = R2[i * ldV + col];
+      if (vrow >= 0) {
+        float* pv = a.dv + vrow + col;
+        dvd += x * a.v[vrow + col];
+        *pv = a.accumulate ? *pv + beta[i] * x : beta[i] * x;
+      }
+    }
+    const float bg = beta[i] * gam[i];
+    for (int col = lane; col < Dk; col += 32) {
+      const float y = dY[i * ldK + col];
+      dkd += y * __bfloat162float(Kh[i * lbK + col]);
+      dK[i * ldK + col] += bg * y;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      dvd += __shfl_xor_sync(kFull, dvd, o);
+      dkd += __shfl_xor_sync(kFull, dkd, o);
+    }
+    if (lane == 0) {
+      dbeta[i] += dvd + gam[i] * dkd;
+      dG[i] += bg * dkd;
+    }
+  }
+  __syncthreads();
+  // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
+  mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), R6, lbV, R4b, lbV, Dv, dYh, lbK, R5, lbK, Dk);
+  __syncthreads();
+  // Phase 8: M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij (e2 = dM_ij A_ij
+  // kept in R8); F = beta_i dM_ij decay (-> dK += F K + F^T K = (F + F^T) K, as bf16 in R6); e2
+  // scaled by beta_i feeds dG (+ row, - column; not within a token).
+  each(kE, kE, [&](int i, int j) {
+    if (j > i) return;
+    if (j == i) {
+      R6[i * lbE + i] = __float2bfloat16_rn(0.f);
+      return;
+    }
+    const float dm = R2[i * kLdE + j];
+    const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+    P1[i * kLdE + j] = dm * P1[i * kLdE + j] * dec;
+    const bf16 f = __float2bfloat16_rn(beta[i] * dm * dec);
+    R6[i * lbE + j] = f, R6[j * lbE + i] = f;
+  });
+  __syncthreads();
+  // Phase 9: dbeta and the gate's sums of e2; dK += (F + F^T) K.
+  if (tid < kE) {
+    float db = 0.f, row = 0.f, col = 0.f;
+    for (int j = 0; j < tid; ++j) {
+      db += P1[tid * kLdE + j];
+      if (gated && tok[tid] != tok[j]) row += beta[tid] * P1[tid * kLdE + j];
+    }
+    if (gated)
+      for (int i = tid + 1; i < kE; ++i)
+        if (tok[i] != tok[tid]) col += beta[i] * P1[i * kLdE + tid];
+    dbeta[tid] += db;
+    dG[tid] += row - col;
+  }
+  mm_s_to<false, false>(kE, Dk, add(dK, ldK), R6, lbE, Kh, lbK, kE);
+  __syncthreads();
+  scatter_rows(a.dk, dK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
+  write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
 }
 
 // ---- host side ----
@@ -1280,21 +1568,32 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
     launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
 }
 
-template <Mma P>
-void backward_impl(const Args& a, const DeltaRuleDims& d) {
-  const Geometry gm = geometry(d);
-  const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
-  launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
-}
-
 // The dynamic shared memory a kernel may have (queried once per kernel).
 template <auto Kernel>
 size_t dynamic_smem_limit() {
   static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
   return v;
 }
+// The bf16-tile grad kernel where its precision and head dims allow it and its tiles fit (head dims
+// up to 128), else the fp32-tile one.
+template <Mma P>
+bool grad_s_fits(const DeltaRuleDims& d) {
+  return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
+}
+
+template <Mma P>
+void backward_impl(const Args& a, const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
+  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  if constexpr (grad_bf16_tiles(P, 32, 32)) {
+    if (grad_s_fits<P>(d))
+      return launch<grad_s_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_s_layout(d.Dk, d.Dv).bytes, a);
+  }
+  launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
+}
+
 
 // The products' input precision of the current cuda::GemmPrecision, and the kernels for it.
 Mma mma_mode() {
