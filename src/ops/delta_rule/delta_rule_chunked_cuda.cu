@@ -410,7 +410,7 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
 // acc += op(A) op(B) for the 16 x 32 strip at (m0, n0), A and B bf16 tiles in shared memory, op as
 // in mm (AT: A stored K x M; BT: B stored N x K), K a multiple of 16: per k step of 16 one ldmatrix
 // for A, two for B (four 8-column tiles), four MMAs. acc[q] is the 16 x 8 tile at column n0 + 8 q
-// (mma_bf16's layout).
+// (mma_bf16's layout: this lane's rows g and g + 8, columns 2 t and 2 t + 1).
 template <bool AT, bool BT>
 __device__ __forceinline__ void strip_s(float (&acc)[4][4], const bf16* A, int lda, const bf16* B, int ldb, int m0,
                                         int n0, int K) {
@@ -439,26 +439,38 @@ __device__ __forceinline__ void strip_s(float (&acc)[4][4], const bf16* A, int l
   }
 }
 
-// The M x N product op(A) op(B) (+ op(A2) op(B2), over K2, where A2 is given: the same op), A and B
-// bf16 tiles in shared memory, fp32 accumulation, by all warps of the block, a 16 x 32 strip per
-// warp at a time; epi(row, col, x, y) gets the results at (row, col) and (row, col + 1). M a
-// multiple of 16, N of 32; no barrier inside.
-template <bool AT, bool BT, class Epi>
-__device__ void mm_s_to(int M, int N, Epi epi, const bf16* A, int lda, const bf16* B, int ldb, int K,
-                        const bf16* A2 = nullptr, int lda2 = 0, const bf16* B2 = nullptr, int ldb2 = 0, int K2 = 0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+// One term op(A) op(B) of a sum of products (mm_s_to), over K.
+struct TermS {
+  const bf16* A;
+  int lda;
+  const bf16* B;
+  int ldb, K;
+};
+// Hands a strip's accumulators to epi(row, col, x, y): the results at (row, col) and (row, col + 1).
+template <class Epi>
+__device__ __forceinline__ void strip_out(const float (&acc)[4][4], int m0, int n0, const Epi& epi) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) epi(m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1]);
+}
+
+// The M x N sum of products op(A_i) op(B_i) over the terms (the same op for all; the first terms
+// summed first), A and B bf16 tiles in shared memory, fp32 accumulation, by all warps of the block,
+// a 16 x 32 strip per warp at a time (strip t to warp t mod warps: calls of the same M and N give a
+// warp the same strips). M a multiple of 16, N of 32; no barrier inside.
+template <bool AT, bool BT, int NT, class Epi>
+__device__ void mm_s_to(int M, int N, Epi epi, const TermS (&terms)[NT]) {
   const int sn = N >> 5, strips = (M >> 4) * sn;
-  for (int t = warp; t < strips; t += nwarps()) {
+  for (int t = threadIdx.x >> 5; t < strips; t += nwarps()) {
     const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
     float acc[4][4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
-    strip_s<AT, BT>(acc, A, lda, B, ldb, m0, n0, K);
-    if (A2) strip_s<AT, BT>(acc, A2, lda2, B2, ldb2, m0, n0, K2);
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) epi(m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1]);
+    for (int i = 0; i < NT; ++i) strip_s<AT, BT>(acc, terms[i].A, terms[i].lda, terms[i].B, terms[i].ldb, m0, n0, terms[i].K);
+    strip_out(acc, m0, n0, epi);
   }
 }
 
@@ -467,15 +479,15 @@ template <bool AT, bool BT>
 __device__ void mm_s(float* out, int ldo, const bf16* A, int lda, const bf16* B, int ldb, int M, int N, int K,
                      float alpha, const float* cin = nullptr, int ldc = 0, float beta = 0.f) {
   mm_s_to<AT, BT>(M, N, [&](int row, int col, float x, float y) { put_pair(out, ldo, cin, ldc, row, col, x, y, alpha, beta); },
-                  A, lda, B, ldb, K);
+                  {TermS{A, lda, B, ldb, K}});
 }
 
-// Converts rows x cols fp32 values (global or shared; cols a multiple of 4) into a bf16 tile in
-// shared memory (rounded to nearest, as the MMA loads of the fp32 tiles round): row r from
-// src + rowoff(r), or zeros where rowoff(r) < 0. Rows over the warps, 4 values a lane, four rows'
-// loads in flight before their stores.
-template <class RowOff>
-__device__ void to_bf16_rows(bf16* dst, int ldd, const float* src, int rows, int cols, RowOff rowoff) {
+// Stages rows x cols fp32 values (global or shared; cols a multiple of 4) for products: row r from
+// src + rowoff(r), or zeros where rowoff(r) < 0, handed to put(r, c, v) four at a time (columns c
+// to c + 3), which converts and stores them. Rows over the warps, 4 values a lane, four rows' loads
+// in flight before their stores. ALIGNED: every row 16-byte aligned (else checked per row).
+template <bool ALIGNED, class RowOff, class Put>
+__device__ void stage_rows(const float* src, int rows, int cols, RowOff rowoff, Put put) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c4 = cols >> 2, nw = nwarps();
   for (int r0 = warp; r0 < rows; r0 += 4 * nw)
     for (int q = lane; q < c4; q += 32) {
@@ -484,22 +496,76 @@ __device__ void to_bf16_rows(bf16* dst, int ldd, const float* src, int rows, int
       for (int u = 0; u < 4; ++u) {
         const int rr = r0 + u * nw;
         const long long off = rr < rows ? rowoff(rr) : -1;
-        v[u] = off >= 0 ? load4(src + off + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = off < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
+               : ALIGNED ? *reinterpret_cast<const float4*>(src + off + 4 * q) : load4(src + off + 4 * q);
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int rr = r0 + u * nw;
-        if (rr < rows) {
-          uint2 w;
-          w.x = bf16_pair(v[u].x, v[u].y), w.y = bf16_pair(v[u].z, v[u].w);
-          *reinterpret_cast<uint2*>(dst + size_t(rr) * ldd + 4 * q) = w;
-        }
-      }
+      for (int u = 0; u < 4; ++u)
+        if (r0 + u * nw < rows) put(r0 + u * nw, 4 * q, v[u]);
     }
 }
-// A rows x cols tile with row stride lds (16-byte aligned rows), as to_bf16_rows.
+// One tile of stage3: rows x 4 c4 fp32 values, row r from src + rowoff(r) (zeros where it is < 0;
+// rows 16-byte aligned), handed to put(r, c, v) four at a time.
+template <class RowOff, class Put>
+struct StageTile {
+  const float* src;
+  int rows, c4;
+  RowOff rowoff;
+  Put put;
+  __device__ __forceinline__ void load(float4 (&v)[4], int r0, int q, int nw) const {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int r = r0 + u * nw;
+      const long long off = r < rows && q < c4 ? rowoff(r) : -1;
+      v[u] = off < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(src + off + 4 * q);
+    }
+  }
+  __device__ __forceinline__ void store(const float4 (&v)[4], int r0, int q, int nw) const {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (r0 + u * nw < rows && q < c4) put(r0 + u * nw, 4 * q, v[u]);
+  }
+};
+template <class RowOff, class Put>
+__device__ __forceinline__ StageTile<RowOff, Put> stage_tile(const float* src, int rows, int cols, RowOff rowoff, Put put) {
+  return {src, rows, cols >> 2, rowoff, put};
+}
+// Stages three tiles at once (stage_rows' pattern): each lane's loads of all three are in flight
+// before any of their stores, so a stage waits on memory once, not three times.
+template <class S1, class S2, class S3>
+__device__ void stage3(const S1& s1, const S2& s2, const S3& s3) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = nwarps();
+  const int rows = max(s1.rows, max(s2.rows, s3.rows)), c4 = max(s1.c4, max(s2.c4, s3.c4));
+  for (int r0 = warp; r0 < rows; r0 += 4 * nw)
+    for (int q = lane; q < c4; q += 32) {
+      float4 v1[4], v2[4], v3[4];
+      s1.load(v1, r0, q, nw), s2.load(v2, r0, q, nw), s3.load(v3, r0, q, nw);
+      s1.store(v1, r0, q, nw), s2.store(v2, r0, q, nw), s3.store(v3, r0, q, nw);
+    }
+}
+// Asks L2 for the lines of rows x cols fp32 values (row r at src + rowoff(r), skipped where < 0;
+// one request per 128 bytes of a row), by all threads of the block, without waiting for them.
+template <class RowOff>
+__device__ __forceinline__ void prefetch_l2(const float* src, int rows, int cols, RowOff rowoff) {
+  const int lines = (cols + 31) >> 5;
+  for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+    const int r = i / lines;
+    const long long off = rowoff(r);
+    if (off >= 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + off + 32 * (i - r * lines)));
+  }
+}
+
+// Four values as bf16 at dst (8-byte aligned), each times f.
+__device__ __forceinline__ void put_bf16x4(bf16* dst, float4 v, float f = 1.f) {
+  uint2 w;
+  w.x = bf16_pair(f * v.x, f * v.y), w.y = bf16_pair(f * v.z, f * v.w);
+  *reinterpret_cast<uint2*>(dst) = w;
+}
+// A rows x cols fp32 tile with row stride lds (16-byte aligned rows) as a bf16 tile (rounded to
+// nearest, as the MMA loads of the fp32 tiles round).
 __device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
-  to_bf16_rows(dst, ldd, src, rows, cols, [=](int r) { return (long long)(r * lds); });
+  stage_rows<true>(src, rows, cols, [=](int r) { return (long long)(r * lds); },
+                   [=](int r, int c, float4 v) { put_bf16x4(dst + size_t(r) * ldd + c, v); });
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -963,6 +1029,156 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
   }
 }
 
+// ---- dstate on bf16 tiles (Mma::Bf16, Dv a multiple of 32): the dstate kernel's walk with every
+// product an MMA on operands staged as bf16 tiles (ldmatrix) ----
+// ncu had the fp32-tile dstate kernel under bf16 products bound by its instruction count (an
+// instruction every 6.7 cycles per warp, ~35 per MMA: loads and conversions of fp32 operands). Per
+// chunk, two phases:
+//   A: dU~ = diag(D) K dS + scale P^T dO (written out in fp32, and as a bf16 part and remainder)
+//   B: dS = gamma_63 dS + scale Q^T diag(gamma) dO - W^T dU~ (fp32 in shared memory, and as parts)
+// The products that carry dS (K dS, W^T dU~) at the carry's accuracy, as three bf16 products on
+// split operands (Bf16x3; K~ is bf16 already, so K dS is two); the others in bf16. Operands are
+// staged for the phase that does not read them while the other computes: Q, diag(gamma) dO and W
+// of chunk c during phase A of chunk c, K, P and dO of chunk c - 1 during phase B of chunk c (the
+// warps that have no strip of a phase's product start staging at once).
+struct DstateSLayout {
+  size_t dS, hi, lo, K, P, dO, Q, dOg, Whi, Wlo, Uhi, Ulo, bytes;  // byte offsets
+};
+__host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp) {
+  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
+  const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
+  DstateSLayout L{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += al(bytes);
+    return o;
+  };
+  L.dS = take(size_t(Dk) * (BV + 4) * 4);
+  L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
+  L.K = take(kE * lbK * 2), L.P = take(Rp * lbE * 2), L.dO = take(Rp * lbS * 2);
+  L.Q = take(Rp * lbK * 2), L.dOg = take(Rp * lbS * 2), L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2);
+  L.Uhi = take(kE * lbS * 2), L.Ulo = take(kE * lbS * 2);
+  L.bytes = off;
+  return L;
+}
+__host__ __device__ constexpr bool dstate_bf16_tiles(Mma mm, int Dv) { return mm == Mma::Bf16 && Dv % 32 == 0; }
+
+// Two fp32 values as a bf16 pair at hi and their remainders at lo (bf16 tiles, 4-byte aligned).
+__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, float x, float y) {
+  uint32_t l;
+  *reinterpret_cast<uint32_t*>(hi) = bf16_pair(x, y, &l);
+  *reinterpret_cast<uint32_t*>(lo) = l;
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, c0 = blockIdx.x * BV;
+  const int Dk = a.Dk, Dv = a.Dv, Rp = a.Rp, nh = a.nh, tid = threadIdx.x, warp = tid >> 5;
+  const DstateSLayout L = dstate_s_layout(Dk, BV, Rp);
+  const int lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad, ldS = BV + 4;
+  auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
+  float* dS = reinterpret_cast<float*>(smb + L.dS);
+  bf16 *Shi = hp(L.hi), *Slo = hp(L.lo), *Kh = hp(L.K), *Ph = hp(L.P), *dOh = hp(L.dO), *Qh = hp(L.Q);
+  bf16 *dOg = hp(L.dOg), *Whi = hp(L.Whi), *Wlo = hp(L.Wlo), *Uhi = hp(L.Uhi), *Ulo = hp(L.Ulo);
+  __shared__ float gam[2][kE], D[2][kE];
+  auto chunk = [&](int c) { return size_t(bh) * a.NC + c; };
+  auto dout_row = [&](int c, int r) {
+    const long long o = out_row(a, b, h, c, r);
+    return o < 0 ? o : o + c0;
+  };
+  auto rows_of = [](int ld) { return [=](int r) { return (long long)r * ld; }; };
+  auto to_tile = [](bf16* dst, int ld) { return [=](int r, int col, float4 v) { put_bf16x4(dst + r * ld + col, v); }; };
+  // Phase A's operands of chunk c: K, P, dO; and its decays.
+  auto stage1 = [&](int c) {
+    const size_t ch = chunk(c);
+    if (tid < kE) {
+      const double* G = a.G + ch * kE;
+      gam[c & 1][tid] = expf(float(G[tid]));
+      D[c & 1][tid] = expf(float(G[kE - 1] - G[tid]));
+    }
+    stage3(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, rows_of(Dk), to_tile(Kh, lbK)),
+           stage_tile(a.Pm + ch * Rp * kE, Rp, kE, rows_of(kE), to_tile(Ph, lbE)),
+           stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); }, to_tile(dOh, lbS)));
+  };
+  // Phase B's of chunk c: Q, scale diag(gamma) dO, and -W as a bf16 part and remainder.
+  auto stage2 = [&](int c) {
+    const size_t ch = chunk(c);
+    const float* gm = gam[c & 1];
+    stage3(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, rows_of(Dk), to_tile(Qh, lbK)),
+           stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); },
+                      [&](int r, int col, float4 v) {
+                        put_bf16x4(dOg + r * lbS + col, v, row_ok(a, c, r) ? a.scale * gm[r * nh + nh - 1] : 0.f);
+                      }),
+           stage_tile(a.W + ch * kE * Dk, kE, Dk, rows_of(Dk), [&](int r, int col, float4 v) {
+             put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
+             put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
+           }));
+  };
+  // The lines of the stages of chunk c, into L2 a phase before they are staged.
+  auto prefetch1 = [&](int c) {
+    const size_t ch = chunk(c);
+    prefetch_l2(a.Kc + ch * kE * Dk, kE, Dk, rows_of(Dk));
+    prefetch_l2(a.Pm + ch * Rp * kE, Rp, kE, rows_of(kE));
+    prefetch_l2(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); });
+  };
+  auto prefetch2 = [&](int c) {
+    const size_t ch = chunk(c);
+    prefetch_l2(a.Qc + ch * Rp * Dk, Rp, Dk, rows_of(Dk));
+    prefetch_l2(a.W + ch * kE * Dk, kE, Dk, rows_of(Dk));
+  };
+  each(Dk, BV, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
+  each(Dk, BV, [&](int r, int col) { Shi[r * lbS + col] = Slo[r * lbS + col] = __float2bfloat16_rn(0.f); });
+  stage1(a.NC - 1);
+  __syncthreads();
+  const int lane = tid & 31, g = lane >> 2, sn = BV >> 5;
+  for (int c = a.NC - 1; c >= 0; --c) {
+    const size_t ch = chunk(c);
+    // Phase A: dS (after chunk c) out; dU~.
+    if (c > 0) prefetch1(c - 1);
+    copy_tile(a.dS + ch * Dk * Dv + c0, Dv, dS, ldS, Dk, BV);
+    {
+      const float* Dc = D[c & 1];
+      float* dUg = a.dUt + ch * kE * Dv + c0;
+      for (int t = warp; t < (kE >> 4) * sn; t += nwarps()) {
+        const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
+        float acc[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+        strip_s<false, false>(acc, Kh, lbK, Slo, lbS, m0, n0, Dk);
+        strip_s<false, false>(acc, Kh, lbK, Shi, lbS, m0, n0, Dk);
+        const float f0 = Dc[m0 + g] / a.scale, f1 = Dc[m0 + g + 8] / a.scale;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q][0] *= f0, acc[q][1] *= f0, acc[q][2] *= f1, acc[q][3] *= f1;
+        strip_s<true, false>(acc, Ph, lbE, dOh, lbS, m0, n0, Rp);
+        strip_out(acc, m0, n0, [&](int r, int col, float x, float y) {
+          x *= a.scale, y *= a.scale;
+          *reinterpret_cast<float2*>(dUg + size_t(r) * Dv + col) = make_float2(x, y);
+          put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, x, y);
+        });
+      }
+    }
+    stage2(c);
+    __syncthreads();
+    // Phase B: dS0 = gamma_63 dS + scale Q^T diag(gamma) dO - W^T dU~ (W negated when staged; the
+    // remainders' products first).
+    if (c > 0) prefetch2(c - 1);
+    const float g63 = gam[c & 1][kE - 1];
+    mm_s_to<true, false>(
+        Dk, BV,
+        [&](int r, int col, float x, float y) {
+          float2& s = *reinterpret_cast<float2*>(dS + r * ldS + col);
+          s.x = g63 * s.x + x, s.y = g63 * s.y + y;
+          put_split(Shi + r * lbS + col, Slo + r * lbS + col, s.x, s.y);
+        },
+        {TermS{Wlo, lbK, Uhi, lbS, kE}, TermS{Whi, lbK, Ulo, lbS, kE}, TermS{Qh, lbK, dOg, lbS, Rp},
+         TermS{Whi, lbK, Uhi, lbS, kE}});
+    if (c > 0) stage1(c - 1);
+    __syncthreads();
+  }
+}
+
 // Sums of a block's per-thread values (deterministic: warps by shuffles, then warp 0 in order).
 __device__ float block_sum(float v, float* red) {
 #pragma unroll
@@ -1285,7 +1501,8 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   to_bf16_tile(R5, lbV, a.Ut + ch * kE * Dv, Dv, kE, Dv);
   to_bf16_tile(dSh, lbV, dS, Dv, Dk, Dv);
   to_bf16_tile(S0h, lbV, S0, Dv, Dk, Dv);
-  to_bf16_rows(R6, lbV, a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); });
+  stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
+                    [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
   load_decays(a, ch, G, gam, D);
   // S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63 below) = gamma_63 sum(dS . S0).
   float dGL = 0.f;
@@ -1296,9 +1513,9 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   }
   __syncthreads();
   // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
-  mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), R5, lbV, dSh, lbV, Dv);
-  mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), R6, lbV, S0h, lbV, Dv);
-  mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), R6, lbV, R5, lbV, Dv);
+  mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
+  mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), {TermS{R6, lbV, S0h, lbV, Dv}});
+  mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), {TermS{R6, lbV, R5, lbV, Dv}});
   __syncthreads();
   // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
   to_bf16_tile(Qh, lbK, Qc, Dk, Rp, Dk);
@@ -1362,18 +1579,18 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
       for (int j = 0; j < kE; ++j) s += P1[(tid / nh) * kLdE + j];
     dG[tid] += s;
   }
-  mm_s_to<false, false>(Rp, Dk, add(R2, ldK), R6, lbE, Kh, lbK, kE);
-  mm_s_to<true, false>(kE, Dk, add(dK, ldK), R6, lbE, Qh, lbK, Rp);
-  mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), R4b, lbV, S0h, lbV, Dv);
+  mm_s_to<false, false>(Rp, Dk, add(R2, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
+  mm_s_to<true, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Qh, lbK, Rp}});
+  mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), {TermS{R4b, lbV, S0h, lbV, Dv}});
   __syncthreads();
   // Phase 4: dq out; stage Tinv; K K^T.
   scatter_rows(a.dq, R2, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
   to_bf16_tile(Th, lbE, a.Tm + ch * kE * kE, kE, kE, kE);
-  mm_s_to<false, true>(kE, kE, put(P1, kLdE, 1.f), Kh, lbK, Kh, lbK, Dk);
+  mm_s_to<false, true>(kE, kE, put(P1, kLdE, 1.f), {TermS{Kh, lbK, Kh, lbK, Dk}});
   __syncthreads();
   // Phase 5: dX = Tinv^T dU~, dY = Tinv^T dW (fp32 for the element terms, bf16 for dM).
-  mm_s_to<true, false>(kE, Dv, put_both(R2, ldV, R6, lbV), Th, lbE, R4b, lbV, kE);
-  mm_s_to<true, false>(kE, Dk, put_both(dY, ldK, dYh, lbK), Th, lbE, R5, lbK, kE);
+  mm_s_to<true, false>(kE, Dv, put_both(R2, ldV, R6, lbV), {TermS{Th, lbE, R4b, lbV, kE}});
+  mm_s_to<true, false>(kE, Dk, put_both(dY, ldK, dYh, lbK), {TermS{Th, lbE, R5, lbK, kE}});
   __syncthreads();
   // Phase 6: stage U and W; per event: dv = beta dX; dbeta = dX . v + gamma dY . k;
   // dK += beta gamma dY; dG += beta gamma dY . k.
@@ -1408,7 +1625,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   }
   __syncthreads();
   // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
-  mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), R6, lbV, R4b, lbV, Dv, dYh, lbK, R5, lbK, Dk);
+  mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), {TermS{R6, lbV, R4b, lbV, Dv}, TermS{dYh, lbK, R5, lbK, Dk}});
   __syncthreads();
   // Phase 8: M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij (e2 = dM_ij A_ij
   // kept in R8); F = beta_i dM_ij decay (-> dK += F K + F^T K = (F + F^T) K, as bf16 in R6); e2
@@ -1439,7 +1656,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
     dbeta[tid] += db;
     dG[tid] += row - col;
   }
-  mm_s_to<false, false>(kE, Dk, add(dK, ldK), R6, lbE, Kh, lbK, kE);
+  mm_s_to<false, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
   __syncthreads();
   scatter_rows(a.dk, dK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
   write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
@@ -1574,8 +1791,13 @@ size_t dynamic_smem_limit() {
   static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
   return v;
 }
-// The bf16-tile grad kernel where its precision and head dims allow it and its tiles fit (head dims
-// up to 128), else the fp32-tile one.
+// The bf16-tile dstate and grad kernels where the precision and head dims allow them and their
+// tiles fit (head dims up to 128), else the fp32-tile ones.
+template <Mma P>
+bool dstate_s_fits(const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  return dstate_bf16_tiles(P, d.Dv) && dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes <= dynamic_smem_limit<dstate_s_kernel<P>>();
+}
 template <Mma P>
 bool grad_s_fits(const DeltaRuleDims& d) {
   return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
@@ -1586,7 +1808,14 @@ void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  if constexpr (dstate_bf16_tiles(P, 32)) {
+    if (dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0)  // it reads dO rows as float4
+      launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
+    else
+      launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  } else {
+    launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  }
   if constexpr (grad_bf16_tiles(P, 32, 32)) {
     if (grad_s_fits<P>(d))
       return launch<grad_s_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_s_layout(d.Dk, d.Dv).bytes, a);
