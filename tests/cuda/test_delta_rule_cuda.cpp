@@ -599,10 +599,12 @@ TEST(DeltaRuleCudaChunked, ExactTrackersBackwardThroughTenThousandTokens) {
 }
 
 // A sequence read in two pieces with the state carried (inference) equals one read whole, and
-// the CPU's carried-state forward, on kernel family `k` (Auto: the op's own choice).
-void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::DeltaKernel k, const std::string& what) {
+// the CPU's carried-state forward, on kernel family `k` (Auto: the op's own choice), with products
+// in precision `prec` (FP32 by default: fp32-level agreement, tol 1e-4).
+void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::DeltaKernel k, const std::string& what,
+                   lrnn::cuda::GemmPrecision prec = lrnn::cuda::GemmPrecision::FP32, double tol = 1e-4) {
   SCOPED_TRACE(what);
-  lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::FP32);
+  lrnn::cuda::set_gemm_precision(prec);
   lrnn::ops::cuda::set_delta_rule_kernel(k);
   const Problem p(d, o);
   const size_t SS = size_t(d.B) * d.H * d.Dk * d.Dv, no = p.N * d.H * d.Dv;
@@ -617,8 +619,8 @@ void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::Delta
   lrnn::ops::cuda::delta_rule_forward(out.data(), p.q(x.data()), p.k(x.data()), p.v(x.data()), p.b(x.data()), gd, d,
                                       nullptr, st.data());
   lrnn::cuda::synchronize();
-  near(out.download(), o_ref, 1e-4, "outputs from a carried state");
-  near(st.download(), s_ref, 1e-4, "the state after the sequence");
+  near(out.download(), o_ref, tol, "outputs from a carried state");
+  near(st.download(), s_ref, tol, "the state after the sequence");
   // Two pieces (B = 1 so that a piece is a contiguous run of tokens): t1 tokens, then the rest.
   const int t1 = d.T * 2 / 3;
   DeltaRuleDims d1 = d, d2 = d;
@@ -640,8 +642,8 @@ void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::Delta
   lrnn::cuda::synchronize();
   std::vector<float> pieces = o1.download(), second = o2.download();
   pieces.insert(pieces.end(), second.begin(), second.end());
-  near(pieces, o_one, 1e-4, "outputs read in two pieces");
-  near(st2.download(), s_one, 1e-4, "the state after two pieces");
+  near(pieces, o_one, tol, "outputs read in two pieces");
+  near(st2.download(), s_one, tol, "the state after two pieces");
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
   lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
 }
@@ -657,6 +659,11 @@ TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
   o.gate = true;
   check_carried(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o, DeltaKernel::Chunked, "chunked, forced");
   check_carried(dims(2, 300, 2, 128, 128, 1, EigenRange::Signed), o, DeltaKernel::Auto, "chunked, chosen");
+  // The bf16-tile state walk (bf16 products) takes the state in and gives it back too; the bound is
+  // bf16's (the op-level bf16 errors against the CPU are ~6e-3 of the largest output: see
+  // Bf16ErrorAgainstFp64), where a wrong state in or out would be off by O(1).
+  check_carried(dims(2, 150, 2, 64, 96, 1, EigenRange::Signed), o, DeltaKernel::Chunked, "chunked, bf16",
+                lrnn::cuda::GemmPrecision::BF16, 2e-2);
   check_carried(dims(2, 150, 2, 64, 64, 1, EigenRange::Signed), o, DeltaKernel::Tiled, "tiled, 64");
   check_carried(dims(2, 90, 3, 100, 64, 2, EigenRange::Signed), o, DeltaKernel::Auto, "tiled, 100, n_h 2");
   check_carried(dims(2, 150, 2, 256, 128, 1, EigenRange::Signed), o, DeltaKernel::Auto, "tiled, 256");

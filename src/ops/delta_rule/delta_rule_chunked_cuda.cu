@@ -504,7 +504,7 @@ __device__ void stage_rows(const float* src, int rows, int cols, RowOff rowoff, 
         if (r0 + u * nw < rows) put(r0 + u * nw, 4 * q, v[u]);
     }
 }
-// One tile of stage3: rows x 4 c4 fp32 values, row r from src + rowoff(r) (zeros where it is < 0;
+// One tile of stage: rows x 4 c4 fp32 values, row r from src + rowoff(r) (zeros where it is < 0;
 // rows 16-byte aligned), handed to put(r, c, v) four at a time.
 template <class RowOff, class Put>
 struct StageTile {
@@ -530,18 +530,23 @@ template <class RowOff, class Put>
 __device__ __forceinline__ StageTile<RowOff, Put> stage_tile(const float* src, int rows, int cols, RowOff rowoff, Put put) {
   return {src, rows, cols >> 2, rowoff, put};
 }
-// Stages three tiles at once (stage_rows' pattern): each lane's loads of all three are in flight
-// before any of their stores, so a stage waits on memory once, not three times.
-template <class S1, class S2, class S3>
-__device__ void stage3(const S1& s1, const S2& s2, const S3& s3) {
+// stage's step for one lane: the loads of every tile's rows, then their stores in reverse order.
+template <class S, class... R>
+__device__ __forceinline__ void stage_step(int r0, int q, int nw, const S& s, const R&... rest) {
+  float4 v[4];
+  s.load(v, r0, q, nw);
+  if constexpr (sizeof...(R) > 0) stage_step(r0, q, nw, rest...);
+  s.store(v, r0, q, nw);
+}
+// Stages several tiles at once (stage_rows' pattern): each lane's loads of all of them are in
+// flight before any of their stores, so a stage waits on memory once, not once per tile.
+template <class... S>
+__device__ void stage(const S&... s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = nwarps();
-  const int rows = max(s1.rows, max(s2.rows, s3.rows)), c4 = max(s1.c4, max(s2.c4, s3.c4));
+  int rows = 0, c4 = 0;
+  ((rows = max(rows, s.rows), c4 = max(c4, s.c4)), ...);
   for (int r0 = warp; r0 < rows; r0 += 4 * nw)
-    for (int q = lane; q < c4; q += 32) {
-      float4 v1[4], v2[4], v3[4];
-      s1.load(v1, r0, q, nw), s2.load(v2, r0, q, nw), s3.load(v3, r0, q, nw);
-      s1.store(v1, r0, q, nw), s2.store(v2, r0, q, nw), s3.store(v3, r0, q, nw);
-    }
+    for (int q = lane; q < c4; q += 32) stage_step(r0, q, nw, s...);
 }
 // Asks L2 for the lines of rows x cols fp32 values (row r at src + rowoff(r), skipped where < 0;
 // one request per 128 bytes of a row), by all threads of the block, without waiting for them.
@@ -561,11 +566,23 @@ __device__ __forceinline__ void put_bf16x4(bf16* dst, float4 v, float f = 1.f) {
   w.x = bf16_pair(f * v.x, f * v.y), w.y = bf16_pair(f * v.z, f * v.w);
   *reinterpret_cast<uint2*>(dst) = w;
 }
+// Two fp32 values as a bf16 pair at hi and their remainders at lo (bf16 tiles, 4-byte aligned).
+__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, float x, float y) {
+  uint32_t l;
+  *reinterpret_cast<uint32_t*>(hi) = bf16_pair(x, y, &l);
+  *reinterpret_cast<uint32_t*>(lo) = l;
+}
+// stage_tile's row offsets of a dense tile (row stride ld), and its put for a bf16 tile (ld).
+__device__ __forceinline__ auto row_stride(int ld) {
+  return [=](int r) { return (long long)r * ld; };
+}
+__device__ __forceinline__ auto bf16_rows(bf16* dst, int ld) {
+  return [=](int r, int col, float4 v) { put_bf16x4(dst + r * ld + col, v); };
+}
 // A rows x cols fp32 tile with row stride lds (16-byte aligned rows) as a bf16 tile (rounded to
 // nearest, as the MMA loads of the fp32 tiles round).
 __device__ __forceinline__ void to_bf16_tile(bf16* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
-  stage_rows<true>(src, rows, cols, [=](int r) { return (long long)(r * lds); },
-                   [=](int r, int c, float4 v) { put_bf16x4(dst + size_t(r) * ldd + c, v); });
+  stage_rows<true>(src, rows, cols, row_stride(int(lds)), bf16_rows(dst, ldd));
 }
 
 // f(r, c) for every element of a rows x cols tile: rows over the warps, columns over the lanes (no
@@ -885,6 +902,119 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
   if (fin) copy_tile(fin + c0, Dv, S, ldS, Dk, BV);
 }
 
+// ---- state on bf16 tiles (Mma::Bf16, Dv a multiple of 32): the state kernel's walk with its two
+// products on operands staged as bf16 parts and remainders (ldmatrix), at the carry's accuracy ----
+// Per chunk: A: U~ = U - W S (three bf16 products on split W and S), written out in fp32 and, times
+// D, as a bf16 part and remainder; B: S = gamma_63 S + K~^T diag(D) U~ (two: K~ is bf16 already),
+// fp32 in shared memory and as parts. K~ of chunk c is staged during phase A of chunk c, W and U
+// (U by cp.async, as fp32) of chunk c + 1 during phase B of chunk c.
+struct StateSLayout {
+  size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
+};
+__host__ __device__ inline StateSLayout state_s_layout(int Dk, int BV) {
+  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
+  const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad;
+  StateSLayout L{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += al(bytes);
+    return o;
+  };
+  L.S = take(size_t(Dk) * (BV + 4) * 4);
+  L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
+  L.U = take(size_t(kE) * (BV + 4) * 4);
+  L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2), L.K = take(kE * lbK * 2);
+  L.Uhi = take(kE * lbS * 2), L.Ulo = take(kE * lbS * 2);
+  L.bytes = off;
+  return L;
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  const int BV = a.BV, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
+  const StateSLayout L = state_s_layout(Dk, BV);
+  const int lbK = Dk + kBfPad, lbS = BV + kBfPad, ldS = BV + 4;
+  auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
+  float* S = reinterpret_cast<float*>(smb + L.S);  // [Dk][ldS]
+  float* Uf = reinterpret_cast<float*>(smb + L.U); // [64][ldS]: U's columns
+  bf16 *Shi = hp(L.hi), *Slo = hp(L.lo), *Whi = hp(L.Whi), *Wlo = hp(L.Wlo), *Kh = hp(L.K), *Uhi = hp(L.Uhi),
+       *Ulo = hp(L.Ulo);
+  __shared__ float gam[2][kE], D[2][kE];
+  auto chunk = [&](int c) { return size_t(bh) * a.NC + c; };
+  // Phase A's operands of chunk c: -W as a bf16 part and remainder, U (cp.async: the caller
+  // commits and waits), the decays.
+  auto stage_w = [&](int c) {
+    const size_t ch = chunk(c);
+    if (tid < kE) {
+      const double* G = a.G + ch * kE;
+      gam[c & 1][tid] = expf(float(G[tid]));
+      D[c & 1][tid] = expf(float(G[kE - 1] - G[tid]));
+    }
+    copy_async(Uf, ldS, a.U + ch * kE * Dv + c0, Dv, kE, BV);
+    stage(stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), [&](int r, int col, float4 v) {
+      put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
+      put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
+    }));
+  };
+  const float* init = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
+  each(Dk, BV, [&](int r, int col) {
+    const float x = init ? init[r * Dv + c0 + col] : 0.f;
+    const bf16 hi = __float2bfloat16_rn(x);
+    S[r * ldS + col] = x;
+    Shi[r * lbS + col] = hi;
+    Slo[r * lbS + col] = __float2bfloat16_rn(x - __bfloat162float(hi));
+  });
+  stage_w(0);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  for (int c = 0; c < a.NC; ++c) {
+    const size_t ch = chunk(c);
+    // Phase A: S (the chunk's start) out; U~ = U - W S. (The next chunk's W and U, and then K, are
+    // asked of L2 a phase before they are staged: phase B's product has a strip for every warp.)
+    if (c + 1 < a.NC) {
+      prefetch_l2(a.W + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
+      prefetch_l2(a.U + (ch + 1) * kE * Dv + c0, kE, BV, row_stride(Dv));
+    }
+    copy_tile(a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, S, ldS, Dk, BV);
+    {
+      float* ut = a.Ut + ch * kE * Dv + c0;
+      const float* Dc = D[c & 1];
+      mm_s_to<false, false>(
+          kE, BV,
+          [&](int r, int col, float x, float y) {
+            const float2 u = *reinterpret_cast<const float2*>(Uf + r * ldS + col);
+            x += u.x, y += u.y;
+            *reinterpret_cast<float2*>(ut + size_t(r) * Dv + col) = make_float2(x, y);
+            put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+          },
+          {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
+    }
+    stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)));
+    __syncthreads();
+    // Phase B: S = gamma_63 S + K^T diag(D) U~.
+    if (c + 1 < a.NC) prefetch_l2(a.Kc + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
+    const float g63 = gam[c & 1][kE - 1];
+    mm_s_to<true, false>(
+        Dk, BV,
+        [&](int r, int col, float x, float y) {
+          float2& s = *reinterpret_cast<float2*>(S + r * ldS + col);
+          s.x = g63 * s.x + x, s.y = g63 * s.y + y;
+          put_split(Shi + r * lbS + col, Slo + r * lbS + col, s.x, s.y);
+        },
+        {TermS{Kh, lbK, Ulo, lbS, kE}, TermS{Kh, lbK, Uhi, lbS, kE}});
+    if (c + 1 < a.NC) stage_w(c + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+  }
+  float* st = a.states + (size_t(bh) * (a.NC + 1) + a.NC) * Dk * Dv;
+  copy_tile(st + c0, Dv, S, ldS, Dk, BV);
+  if (a.state_io) copy_tile(a.state_io + size_t(bh) * Dk * Dv + c0, Dv, S, ldS, Dk, BV);
+}
+
 // ---- output: one block per (chunk, bh, column block) ----
 // With bf16 products and column blocks of 32 or 64 (output_bf16_tiles), the four operands are
 // staged once as bf16 tiles and multiplied by mm_s (ldmatrix); else as fp32 tiles by mm.
@@ -1062,14 +1192,8 @@ __host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp)
   L.bytes = off;
   return L;
 }
-__host__ __device__ constexpr bool dstate_bf16_tiles(Mma mm, int Dv) { return mm == Mma::Bf16 && Dv % 32 == 0; }
+__host__ __device__ constexpr bool walk_bf16_tiles(Mma mm, int Dv) { return mm == Mma::Bf16 && Dv % 32 == 0; }
 
-// Two fp32 values as a bf16 pair at hi and their remainders at lo (bf16 tiles, 4-byte aligned).
-__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, float x, float y) {
-  uint32_t l;
-  *reinterpret_cast<uint32_t*>(hi) = bf16_pair(x, y, &l);
-  *reinterpret_cast<uint32_t*>(lo) = l;
-}
 
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
@@ -1088,8 +1212,6 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     const long long o = out_row(a, b, h, c, r);
     return o < 0 ? o : o + c0;
   };
-  auto rows_of = [](int ld) { return [=](int r) { return (long long)r * ld; }; };
-  auto to_tile = [](bf16* dst, int ld) { return [=](int r, int col, float4 v) { put_bf16x4(dst + r * ld + col, v); }; };
   // Phase A's operands of chunk c: K, P, dO; and its decays.
   auto stage1 = [&](int c) {
     const size_t ch = chunk(c);
@@ -1098,35 +1220,35 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
       gam[c & 1][tid] = expf(float(G[tid]));
       D[c & 1][tid] = expf(float(G[kE - 1] - G[tid]));
     }
-    stage3(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, rows_of(Dk), to_tile(Kh, lbK)),
-           stage_tile(a.Pm + ch * Rp * kE, Rp, kE, rows_of(kE), to_tile(Ph, lbE)),
-           stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); }, to_tile(dOh, lbS)));
+    stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
+          stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE)),
+          stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); }, bf16_rows(dOh, lbS)));
   };
   // Phase B's of chunk c: Q, scale diag(gamma) dO, and -W as a bf16 part and remainder.
   auto stage2 = [&](int c) {
     const size_t ch = chunk(c);
     const float* gm = gam[c & 1];
-    stage3(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, rows_of(Dk), to_tile(Qh, lbK)),
-           stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); },
-                      [&](int r, int col, float4 v) {
-                        put_bf16x4(dOg + r * lbS + col, v, row_ok(a, c, r) ? a.scale * gm[r * nh + nh - 1] : 0.f);
-                      }),
-           stage_tile(a.W + ch * kE * Dk, kE, Dk, rows_of(Dk), [&](int r, int col, float4 v) {
-             put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
-             put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
-           }));
+    stage(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
+          stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); },
+                     [&](int r, int col, float4 v) {
+                       put_bf16x4(dOg + r * lbS + col, v, row_ok(a, c, r) ? a.scale * gm[r * nh + nh - 1] : 0.f);
+                     }),
+          stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), [&](int r, int col, float4 v) {
+            put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
+            put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
+          }));
   };
   // The lines of the stages of chunk c, into L2 a phase before they are staged.
   auto prefetch1 = [&](int c) {
     const size_t ch = chunk(c);
-    prefetch_l2(a.Kc + ch * kE * Dk, kE, Dk, rows_of(Dk));
-    prefetch_l2(a.Pm + ch * Rp * kE, Rp, kE, rows_of(kE));
+    prefetch_l2(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk));
+    prefetch_l2(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE));
     prefetch_l2(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); });
   };
   auto prefetch2 = [&](int c) {
     const size_t ch = chunk(c);
-    prefetch_l2(a.Qc + ch * Rp * Dk, Rp, Dk, rows_of(Dk));
-    prefetch_l2(a.W + ch * kE * Dk, kE, Dk, rows_of(Dk));
+    prefetch_l2(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk));
+    prefetch_l2(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk));
   };
   each(Dk, BV, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
   each(Dk, BV, [&](int r, int col) { Shi[r * lbS + col] = Slo[r * lbS + col] = __float2bfloat16_rn(0.f); });
@@ -1768,12 +1890,42 @@ void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
+// The dynamic shared memory a kernel may have (queried once per kernel).
+template <auto Kernel>
+size_t dynamic_smem_limit() {
+  static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
+  return v;
+}
+// The bf16-tile state, dstate and grad kernels where the precision and head dims allow them and
+// their tiles fit (head dims up to 128), else the fp32-tile ones.
+template <Mma P>
+bool state_s_fits(const DeltaRuleDims& d) {
+  return walk_bf16_tiles(P, d.Dv) && state_s_layout(d.Dk, geometry(d).BV).bytes <= dynamic_smem_limit<state_s_kernel<P>>();
+}
+template <Mma P>
+bool dstate_s_fits(const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  return walk_bf16_tiles(P, d.Dv) && dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes <= dynamic_smem_limit<dstate_s_kernel<P>>();
+}
+template <Mma P>
+bool grad_s_fits(const DeltaRuleDims& d) {
+  return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
+}
+
 template <Mma P>
 void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+  if constexpr (P == Mma::Bf16) {
+    if (state_s_fits<P>(d)) {
+      launch<state_s_kernel<P>>("delta chunked: state", dim3(VB, BH), state_s_layout(d.Dk, gm.BV).bytes, a);
+    } else {
+      launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+    }
+  } else {
+    launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
+  }
   if (!outputs) return;
   // The bf16-tile form (~72 KB of shared memory, 84 registers) in blocks of 8 warps: its products
   // are 8 strips of 16 x 32 (half of 16 warps idled in them), and two such blocks share an SM where
@@ -1785,30 +1937,12 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
     launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
 }
 
-// The dynamic shared memory a kernel may have (queried once per kernel).
-template <auto Kernel>
-size_t dynamic_smem_limit() {
-  static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
-  return v;
-}
-// The bf16-tile dstate and grad kernels where the precision and head dims allow them and their
-// tiles fit (head dims up to 128), else the fp32-tile ones.
-template <Mma P>
-bool dstate_s_fits(const DeltaRuleDims& d) {
-  const Geometry gm = geometry(d);
-  return dstate_bf16_tiles(P, d.Dv) && dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes <= dynamic_smem_limit<dstate_s_kernel<P>>();
-}
-template <Mma P>
-bool grad_s_fits(const DeltaRuleDims& d) {
-  return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
-}
-
 template <Mma P>
 void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
-  if constexpr (dstate_bf16_tiles(P, 32)) {
+  if constexpr (walk_bf16_tiles(P, 32)) {
     if (dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0)  // it reads dO rows as float4
       launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
     else
