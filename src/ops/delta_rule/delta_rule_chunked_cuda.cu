@@ -20,21 +20,25 @@
 //            output, dstate and grad kernels read instead of forming it again
 //   state    one block per (b, h, block of state columns), walking the chunks in order: stores
 //            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
-//            shared memory; the next chunk's W, K, U and G are copied in by cp.async meanwhile)
+//            shared memory; the next chunk's W, K, U and G are copied in by cp.async meanwhile;
+//            with bf16 products and Dv a multiple of 32, state_s_kernel: ldmatrix products on
+//            bf16 parts and remainders of the operands)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~) (with bf16
 //            products its operands are staged once as bf16 tiles and fed to the MMAs by ldmatrix)
 // Backward: prep again, then
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
-//            each operand of the next chunk is copied in as soon as its buffer is free)
+//            each operand of the next chunk is copied in as soon as its buffer is free; with bf16
+//            products and Dv a multiple of 32, dstate_s_kernel, as state_s_kernel)
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
 //            bf16 products and head dims that are multiples of 32, every operand staged once as a
 //            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel)
-// Operands live in shared memory where it holds them (fp32 tiles: one block per SM), else are read
-// from global memory (L2) by the MMA loads. The grad kernel stages U~ and then dU~ in shared
-// memory and reads S0 and dS (Dk x Dv each) from L2 by strips that share each fragment of them
-// over 64 rows (mm_b), so that each is read about once per product.
+// In the fp32-tile kernels operands live in shared memory where it holds them (one block per SM),
+// else are read from global memory (L2) by the MMA loads: the fp32-tile grad kernel stages U~ and
+// then dU~ and reads S0 and dS (Dk x Dv each) from L2 by strips that share each fragment of them
+// over 64 rows (mm_b), so that each is read about once per product. The bf16-tile kernels stage
+// every operand once, converting it as it is staged.
 //
 // Error analysis. Tinv is exact arithmetic's M^-1, computed in fp32 by substitution; its entries
 // are those of the chunk's products of transitions I - beta k k^T (norm <= 1 with unit keys and
