@@ -747,45 +747,40 @@ __device__ void load_decays(const Args& a, size_t ch, double* G, float* gam, flo
 }
 
 // ---- prep: one block per chunk (grid NC x BH) ----
-template <Mma MM>
-__global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
-  extern __shared__ __align__(128) float sm[];
-  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
-  const size_t ch = size_t(bh) * a.NC + c;
-  const int Dk = a.Dk, Dv = a.Dv, ldx = max(Dk, Dv) + 4, tid = threadIdx.x;
-  float* X = sm;               // [64][ldx]: K, then diag(beta gamma) K, then diag(beta) V
-  float* As = X + kE * ldx;    // [64][kLdE]: K K^T
-  float* Mt = As + kE * kLdE;  // [64][kLdE]: M transposed (Mt[j][i] = M_ij, strictly lower M)
-  float* Tn = Mt + kE * kLdE;  // [64][kLdE]: Tinv
-  __shared__ double G[kE];
-  __shared__ float beta[kE], gam[kE];
-
-  float* Kg = a.Kc + ch * kE * Dk;
-  gather_rows(X, ldx, Kg, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
-  gather_rows(nullptr, 0, a.Qc + ch * size_t(a.Rp) * Dk, a.q, a.Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
+// Its steps, shared by the fp32-tile and bf16-tile forms:
+// beta and the gate of each event of chunk c (beta, gam: shared arrays).
+__device__ __forceinline__ void prep_events(const Args& a, int b, int h, int c, float* beta, float* gam) {
+  const int tid = threadIdx.x;
   if (tid < kE) {
     const Ev e = event(a, c, tid);
     beta[tid] = e.ok ? a.bscale * sigmoidf(a.bl[tok_index(a, b, e.t) * a.lb + size_t(e.j) * a.H + h]) : 0.f;
     gam[tid] = a.g && e.ok && e.j == 0 ? a.g[tok_index(a, b, e.t) * a.H + h] : 0.f;  // the event's gate
   }
-  __syncthreads();
-  if constexpr (MM != Mma::Fp32) {
-    // The keys as the products read them, k~ (rounded: every kernel reads these), and beta~ = beta
-    // |k|^2 / |k~|^2, which keeps each transition's eigenvalue along its key, 1 - beta |k|^2, as
-    // the fp32 key gives it (the file's opening comment says why).
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int i = warp; i < kE; i += kPrepThreads / 32) {
-      float n = 0.f, nr = 0.f;
-      for (int col = lane; col < Dk; col += 32) {
-        const float x = X[i * ldx + col], xr = operand_value<MM>(x);
-        X[i * ldx + col] = Kg[size_t(i) * Dk + col] = xr;
-        n += x * x, nr += xr * xr;
-      }
-      for (int o = 16; o; o >>= 1) n += __shfl_xor_sync(kFull, n, o), nr += __shfl_xor_sync(kFull, nr, o);
-      if (lane == 0 && nr > 0.f) beta[i] *= n / nr;
+}
+// The keys as the products read them, k~ (rounded: every kernel reads these; into X, Kg and, given,
+// the bf16 tile Kh), and beta~ = beta |k|^2 / |k~|^2, which keeps each transition's eigenvalue
+// along its key, 1 - beta |k|^2, as the fp32 key gives it (the file's opening comment says why).
+// Ends with a barrier.
+template <Mma MM>
+__device__ void round_keys(float* X, int ldx, float* Kg, int Dk, float* beta, bf16* Kh = nullptr, int lbK = 0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = warp; i < kE; i += nwarps()) {
+    float n = 0.f, nr = 0.f;
+    for (int col = lane; col < Dk; col += 32) {
+      const float x = X[i * ldx + col], xr = operand_value<MM>(x);
+      X[i * ldx + col] = Kg[size_t(i) * Dk + col] = xr;
+      if (Kh) Kh[i * lbK + col] = __float2bfloat16_rn(xr);
+      n += x * x, nr += xr * xr;
     }
-    __syncthreads();
+    for (int o = 16; o; o >>= 1) n += __shfl_xor_sync(kFull, n, o), nr += __shfl_xor_sync(kFull, nr, o);
+    if (lane == 0 && nr > 0.f) beta[i] *= n / nr;
   }
+  __syncthreads();
+}
+// G = the cumulative log decay (in double), gam = exp(G); G and beta written out for the other
+// kernels. A barrier after G, none at the end.
+__device__ void prep_decays(const Args& a, size_t ch, double* G, const float* beta, float* gam) {
+  const int tid = threadIdx.x;
   if (tid == 0) {
     double acc = 0;
     for (int i = 0; i < kE; ++i) G[i] = acc += double(gam[i]);
@@ -796,33 +791,62 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
     a.G[ch * kE + tid] = G[tid];
     a.beta[ch * kE + tid] = beta[tid];
   }
-  mm<false, true, MM>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
-  __syncthreads();
+}
+// Mt = M transposed (Mt[j][i] = M_ij = beta_i (K K^T)_ij exp(G_i - G_j), strictly lower M) from
+// As = K K^T. No barrier.
+__device__ __forceinline__ void form_mt(const float* As, float* Mt, const float* beta, const double* G) {
   each(kE, kE, [&](int i, int j) { Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * expf(float(G[i] - G[j])) : 0.f; });
-  __syncthreads();
-  // Tinv = (I + M)^-1 column by column: x_j = delta_jc - sum_{m<j} M_jm x_m. Warp w solves columns
-  // w, w+8, ... at once; lane l keeps the running sums of rows l and l+32.
-  {
-    const int warp = tid >> 5, lane = tid & 31;
-    constexpr int QN = kE / (kPrepThreads / 32);
-    float s0[QN], s1[QN];
+}
+// Tn = Tinv = (I + M)^-1 column by column: x_j = delta_jc - sum_{m<j} M_jm x_m. Warp w solves
+// columns w, w+8, ... at once; lane l keeps the running sums of rows l and l+32. Blocks of
+// kPrepThreads; no barrier.
+__device__ __forceinline__ void solve_tinv(const float* Mt, float* Tn) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int QN = kE / (kPrepThreads / 32);
+  float s0[QN], s1[QN];
 #pragma unroll
-    for (int qq = 0; qq < QN; ++qq) s0[qq] = s1[qq] = 0.f;
-    for (int j = 0; j < kE; ++j) {
-      const float m0 = Mt[j * kLdE + lane], m1 = Mt[j * kLdE + lane + 32];
-      const int owner = j & 31;
-      const bool hi = j >= 32;
+  for (int qq = 0; qq < QN; ++qq) s0[qq] = s1[qq] = 0.f;
+  for (int j = 0; j < kE; ++j) {
+    const float m0 = Mt[j * kLdE + lane], m1 = Mt[j * kLdE + lane + 32];
+    const int owner = j & 31;
+    const bool hi = j >= 32;
 #pragma unroll
-      for (int qq = 0; qq < QN; ++qq) {
-        const int col = warp + kPrepThreads / 32 * qq;
-        const float cand = hi ? float(lane + 32 == col) - s1[qq] : float(lane == col) - s0[qq];
-        const float xj = __shfl_sync(kFull, cand, owner);
-        if (lane == owner) Tn[j * kLdE + col] = xj;
-        s0[qq] += m0 * xj;
-        s1[qq] += m1 * xj;
-      }
+    for (int qq = 0; qq < QN; ++qq) {
+      const int col = warp + kPrepThreads / 32 * qq;
+      const float cand = hi ? float(lane + 32 == col) - s1[qq] : float(lane == col) - s0[qq];
+      const float xj = __shfl_sync(kFull, cand, owner);
+      if (lane == owner) Tn[j * kLdE + col] = xj;
+      s0[qq] += m0 * xj;
+      s1[qq] += m1 * xj;
     }
   }
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
+  extern __shared__ __align__(128) float sm[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const size_t ch = size_t(bh) * a.NC + c;
+  const int Dk = a.Dk, Dv = a.Dv, ldx = max(Dk, Dv) + 4;
+  float* X = sm;               // [64][ldx]: K, then diag(beta gamma) K, then diag(beta) V
+  float* As = X + kE * ldx;    // [64][kLdE]: K K^T
+  float* Mt = As + kE * kLdE;  // [64][kLdE]: M transposed (Mt[j][i] = M_ij, strictly lower M)
+  float* Tn = Mt + kE * kLdE;  // [64][kLdE]: Tinv
+  __shared__ double G[kE];
+  __shared__ float beta[kE], gam[kE];
+
+  float* Kg = a.Kc + ch * kE * Dk;
+  gather_rows(X, ldx, Kg, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+  gather_rows(nullptr, 0, a.Qc + ch * size_t(a.Rp) * Dk, a.q, a.Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
+  prep_events(a, b, h, c, beta, gam);
+  __syncthreads();
+  if constexpr (MM != Mma::Fp32) round_keys<MM>(X, ldx, Kg, Dk, beta);
+  prep_decays(a, ch, G, beta, gam);
+  mm<false, true, MM>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
+  __syncthreads();
+  form_mt(As, Mt, beta, G);
+  __syncthreads();
+  solve_tinv(Mt, Tn);
   __syncthreads();
   // P = (Q K^T) . exp(G_row - G_j) for j <= row (the reading event of query row r), else 0, kept for
   // the output, dstate and grad kernels (the queries were written to Qc above by this block).
@@ -843,6 +867,102 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   mm<false, false, MM>(a.U + ch * kE * Dv, Dv, Tn, kLdE, X, ldx, kE, Dv, kE, 1.f);
   float* Tg = a.Tm + ch * kE * kE;
   copy_tile(Tg, kE, Tn, kLdE, kE, kE);
+}
+
+// ---- prep on bf16 tiles (Mma::Bf16, head dims multiples of 32): the same steps, its four
+// products by mm_s_to (W at the carry's accuracy: three products on T and diag(beta gamma) K~ as
+// bf16 parts and remainders), P written by its product's epilogue ----
+// Shared memory (byte offsets; ~104 KB at head dim 128, so two blocks share an SM as before):
+//   K~ (bf16) | Q, then diag(beta) V (bf16) | K K^T (fp32), then T's parts (bf16) |
+//   Mt (fp32), then diag(beta gamma) K~'s part (bf16) | Tinv (fp32) | that remainder (bf16);
+//   the fp32 keys are gathered over Mt and Tinv's regions first.
+struct PrepSLayout {
+  size_t K, Q, A, M, T, L, bytes;
+};
+__host__ __device__ inline PrepSLayout prep_s_layout(int Dk, int Dv, int Rp) {
+  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
+  auto mx = [](size_t x, size_t y) { return x > y ? x : y; };
+  const size_t lbK = Dk + kBfPad, lbV = Dv + kBfPad, lbE = kE + kBfPad, fE = size_t(kE) * kLdE * 4;
+  const size_t hK = kE * lbK * 2, X = size_t(kE) * (Dk + 4) * 4;
+  PrepSLayout L{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += al(bytes);
+    return o;
+  };
+  L.K = take(hK);
+  L.Q = take(mx(Rp * lbK * 2, kE * lbV * 2));
+  L.A = take(mx(fE, 2 * kE * lbE * 2));
+  const size_t m = al(mx(fE, hK));
+  L.M = take(m);
+  L.T = take(mx(fE, X > m ? X - m : 0));
+  L.L = take(hK);
+  L.bytes = off;
+  return L;
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Rp = a.Rp, nh = a.nh;
+  const size_t ch = size_t(bh) * a.NC + c;
+  const int Dk = a.Dk, Dv = a.Dv, ldx = Dk + 4, lbK = Dk + kBfPad, lbV = Dv + kBfPad, lbE = kE + kBfPad;
+  const PrepSLayout L = prep_s_layout(Dk, Dv, Rp);
+  auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
+  auto fp = [&](size_t off) { return reinterpret_cast<float*>(smb + off); };
+  bf16 *Kh = hp(L.K), *Qh = hp(L.Q), *Vh = hp(L.Q), *Thi = hp(L.A), *Tlo = Thi + kE * lbE, *Xhi = hp(L.M), *Xlo = hp(L.L);
+  float *As = fp(L.A), *Mt = fp(L.M), *Tn = fp(L.T), *X = fp(L.M);  // X: [64][ldx] fp32 keys, over Mt and Tn
+  __shared__ double G[kE];
+  __shared__ float beta[kE], gam[kE];
+
+  float* Kg = a.Kc + ch * kE * Dk;
+  float* Qg = a.Qc + ch * size_t(Rp) * Dk;
+  gather_rows(X, ldx, nullptr, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+  stage_rows<false>(a.q, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); }, [&](int r, int col, float4 v) {
+    *reinterpret_cast<float4*>(Qg + size_t(r) * Dk + col) = v;
+    put_bf16x4(Qh + r * lbK + col, v);
+  });
+  prep_events(a, b, h, c, beta, gam);
+  __syncthreads();
+  round_keys<MM>(X, ldx, Kg, Dk, beta, Kh, lbK);
+  prep_decays(a, ch, G, beta, gam);
+  // K K^T; P = (Q K^T) . exp(G_row - G_j) for j <= row, else 0 (as prep_kernel's), written out.
+  mm_s_to<false, true>(kE, kE, [&](int r, int col, float x, float y) { *reinterpret_cast<float2*>(As + r * kLdE + col) = make_float2(x, y); },
+                       {TermS{Kh, lbK, Kh, lbK, Dk}});
+  float* Pg = a.Pm + ch * size_t(Rp) * kE;
+  mm_s_to<false, true>(Rp, kE, [&](int r, int j, float x, float y) {
+    const int row = r * nh + nh - 1;
+    float2 v = make_float2(0.f, 0.f);
+    if (row_ok(a, c, r)) {
+      if (j <= row) v.x = x * expf(float(G[row] - G[j]));
+      if (j + 1 <= row) v.y = y * expf(float(G[row] - G[j + 1]));
+    }
+    *reinterpret_cast<float2*>(Pg + r * kE + j) = v;
+  }, {TermS{Qh, lbK, Kh, lbK, Dk}});
+  __syncthreads();
+  form_mt(As, Mt, beta, G);
+  __syncthreads();
+  solve_tinv(Mt, Tn);
+  __syncthreads();
+  // Tinv and diag(beta gamma) K~ as bf16 parts and remainders (W's operands), diag(beta) V (U's).
+  each(kE, kE / 2, [&](int i, int j) { put_split(Thi + i * lbE + 2 * j, Tlo + i * lbE + 2 * j, Tn[i * kLdE + 2 * j], Tn[i * kLdE + 2 * j + 1]); });
+  each(kE, Dk / 2, [&](int i, int j) {
+    const float f = beta[i] * gam[i];
+    put_split(Xhi + i * lbK + 2 * j, Xlo + i * lbK + 2 * j, f * __bfloat162float(Kh[i * lbK + 2 * j]),
+              f * __bfloat162float(Kh[i * lbK + 2 * j + 1]));
+  });
+  stage_rows<false>(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); },
+                    [&](int r, int col, float4 v) { put_bf16x4(Vh + r * lbV + col, v, beta[r]); });
+  __syncthreads();
+  // W = Tinv diag(beta gamma) K~ (it carries the state: the remainders' products first), U = Tinv diag(beta) V.
+  float* Wg = a.W + ch * kE * Dk;
+  float* Ug = a.U + ch * kE * Dv;
+  mm_s_to<false, false>(kE, Dk, [&](int r, int col, float x, float y) { *reinterpret_cast<float2*>(Wg + size_t(r) * Dk + col) = make_float2(x, y); },
+                        {TermS{Tlo, lbE, Xhi, lbK, kE}, TermS{Thi, lbE, Xlo, lbK, kE}, TermS{Thi, lbE, Xhi, lbK, kE}});
+  mm_s_to<false, false>(kE, Dv, [&](int r, int col, float x, float y) { *reinterpret_cast<float2*>(Ug + size_t(r) * Dv + col) = make_float2(x, y); },
+                        {TermS{Thi, lbE, Vh, lbV, kE}});
+  copy_tile(a.Tm + ch * kE * kE, kE, Tn, kLdE, kE, kE);
 }
 
 // ---- state: one block per (column block, bh), chunks in order ----
@@ -1900,8 +2020,13 @@ size_t dynamic_smem_limit() {
   static const size_t v = lrnn::cuda::max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
   return v;
 }
-// The bf16-tile state, dstate and grad kernels where the precision and head dims allow them and
-// their tiles fit (head dims up to 128), else the fp32-tile ones.
+// The bf16-tile prep, state, dstate and grad kernels where the precision and head dims allow them
+// and their tiles fit (head dims up to 128), else the fp32-tile ones.
+template <Mma P>
+bool prep_s_fits(const DeltaRuleDims& d) {
+  return grad_bf16_tiles(P, d.Dk, d.Dv) &&
+         prep_s_layout(d.Dk, d.Dv, geometry(d).Rp).bytes <= dynamic_smem_limit<prep_s_kernel<P>>();
+}
 template <Mma P>
 bool state_s_fits(const DeltaRuleDims& d) {
   return walk_bf16_tiles(P, d.Dv) && state_s_layout(d.Dk, geometry(d).BV).bytes <= dynamic_smem_limit<state_s_kernel<P>>();
@@ -1917,10 +2042,21 @@ bool grad_s_fits(const DeltaRuleDims& d) {
 }
 
 template <Mma P>
+void launch_prep(const Args& a, const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  const dim3 grid(unsigned(gm.NC), unsigned(d.B) * d.H);
+  if constexpr (P == Mma::Bf16) {
+    if (prep_s_fits<P>(d))
+      return launch<prep_s_kernel<P>, kPrepThreads>("delta chunked: prep", grid, prep_s_layout(d.Dk, d.Dv, gm.Rp).bytes, a);
+  }
+  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", grid, prep_smem(d), a);
+}
+
+template <Mma P>
 void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch_prep<P>(a, d);
   if constexpr (P == Mma::Bf16) {
     if (state_s_fits<P>(d)) {
       launch<state_s_kernel<P>>("delta chunked: state", dim3(VB, BH), state_s_layout(d.Dk, gm.BV).bytes, a);
@@ -1945,7 +2081,7 @@ template <Mma P>
 void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch<prep_kernel<P>, kPrepThreads>("delta chunked: prep", dim3(NC, BH), prep_smem(d), a);
+  launch_prep<P>(a, d);
   if constexpr (walk_bf16_tiles(P, 32)) {
     if (dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0)  // it reads dO rows as float4
       launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
