@@ -1031,7 +1031,9 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
 // Per chunk: A: U~ = U - W S (three bf16 products on split W and S), written out in fp32 and, times
 // D, as a bf16 part and remainder; B: S = gamma_63 S + K~^T diag(D) U~ (two: K~ is bf16 already),
 // fp32 in shared memory and as parts. K~ of chunk c is staged during phase A of chunk c, W and U
-// (U by cp.async, as fp32) of chunk c + 1 during phase B of chunk c.
+// (U by cp.async, as fp32) of chunk c + 1 during phase B of chunk c, each asked of L2 a phase
+// ahead. (H200, the same call: 338 -> 308 us at B 8 x T 2048 x H 8, 1326 -> 1187 us at B 8 x
+// T 4096 x H 16. In blocks of 32 columns, two per SM, 1384 us: not taken.)
 struct StateSLayout {
   size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
 };
@@ -1294,7 +1296,10 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
 // split operands (Bf16x3; K~ is bf16 already, so K dS is two); the others in bf16. Operands are
 // staged for the phase that does not read them while the other computes: Q, diag(gamma) dO and W
 // of chunk c during phase A of chunk c, K, P and dO of chunk c - 1 during phase B of chunk c (the
-// warps that have no strip of a phase's product start staging at once).
+// warps that have no strip of a phase's product start staging at once), a stage's tiles loaded
+// together (stage) and its lines asked of L2 a phase ahead. (H200, the same call: 530 -> 362 us at
+// B 8 x T 2048 x H 8, 2069 -> 1412 us at B 8 x T 4096 x H 16; 425 us with the tiles staged one
+// after the other and no prefetch.)
 struct DstateSLayout {
   size_t dS, hi, lo, K, P, dO, Q, dOg, Whi, Wlo, Uhi, Ulo, bytes;  // byte offsets
 };
@@ -1661,13 +1666,14 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
 // ncu on the fp32-tile grad kernel under bf16 products (H200): its warps waited on the L2 strips
 // of S0, dS, U and W loaded right before their conversion (26 % of stalls), on instruction fetch
 // (19 %: 17.5 k instructions, every mm call site inlining three strip shapes), and spilled
-// registers. Here each operand is read from global memory once, converted as it is staged, and
-// every product is one short loop. The products that fed each other through fp32 tiles now feed
+// registers. Here each operand is read from global memory once (S0 and dS a second time, from L2,
+// for the gate's sum), converted as it is staged, and every product is one short loop. (H200, the
+// same call: 1320 -> 821 us at B 8 x T 2048 x H 8, 5205 -> 3187 us at B 8 x T 4096 x H 16.) The products that fed each other through fp32 tiles now feed
 // bf16 tiles written by their epilogues (dW, dX, dY, dP, F), which is where the products read
 // them rounded before, so the values are those of the fp32-tile kernel up to the order of sums;
 // the two products F K and F^T K are one, (F + F^T) K.
 //
-// Shared memory (the phases below; every region 128-byte aligned), for Dk, Dv <= 128 about 219 KB:
+// Shared memory (the phases below; every region 128-byte aligned), 219 KB at Dk = Dv = 128:
 //   R0 K~ (bf16)                      R1 dK (fp32 accumulator, the whole kernel)
 //   R2 dQ, then dX, then dM (fp32)    R3 S0 (bf16), then dY (fp32)
 //   R4 dS (bf16), then Q | dU~, then Tinv | U (bf16)
