@@ -394,6 +394,15 @@ __device__ __forceinline__ void store4(float* p, float4 v) {
 // instructions per MMA in the bf16 kernels before).
 using bf16 = __nv_bfloat16;
 constexpr int kBfPad = 8;
+// Lays out a kernel's shared-memory regions one after the other, each 128-byte aligned.
+struct SmemCursor {
+  size_t off = 0;
+  __host__ __device__ size_t take(size_t bytes) {
+    const size_t o = off;
+    off += (bytes + 127) / 128 * 128;
+    return o;
+  }
+};
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -880,25 +889,20 @@ struct PrepSLayout {
   size_t K, Q, A, M, T, L, bytes;
 };
 __host__ __device__ inline PrepSLayout prep_s_layout(int Dk, int Dv, int Rp) {
-  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
   auto mx = [](size_t x, size_t y) { return x > y ? x : y; };
   const size_t lbK = Dk + kBfPad, lbV = Dv + kBfPad, lbE = kE + kBfPad, fE = size_t(kE) * kLdE * 4;
   const size_t hK = kE * lbK * 2, X = size_t(kE) * (Dk + 4) * 4;
   PrepSLayout L{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t o = off;
-    off += al(bytes);
-    return o;
-  };
+  SmemCursor cur;
+  auto take = [&](size_t bytes) { return cur.take(bytes); };
   L.K = take(hK);
   L.Q = take(mx(Rp * lbK * 2, kE * lbV * 2));
   L.A = take(mx(fE, 2 * kE * lbE * 2));
-  const size_t m = al(mx(fE, hK));
+  const size_t m = (mx(fE, hK) + 127) / 128 * 128;  // M's region as take() rounds it
   L.M = take(m);
   L.T = take(mx(fE, X > m ? X - m : 0));
   L.L = take(hK);
-  L.bytes = off;
+  L.bytes = cur.off;
   return L;
 }
 
@@ -1026,6 +1030,32 @@ __global__ void __launch_bounds__(kThreads) state_kernel(Args a) {
   if (fin) copy_tile(fin + c0, Dv, S, ldS, Dk, BV);
 }
 
+// The walks' common pieces (state_s_kernel, dstate_s_kernel):
+// gamma_i = exp(G_i) and D_i = exp(G_63 - G_i) of one chunk's G (by its first 64 threads).
+__device__ __forceinline__ void walk_decays(const double* G, float* gam, float* D) {
+  const int i = threadIdx.x;
+  if (i < kE) {
+    gam[i] = expf(float(G[i]));
+    D[i] = expf(float(G[kE - 1] - G[i]));
+  }
+}
+// stage_tile's put for -W as a bf16 part and remainder (two tiles, leading dimension ld).
+__device__ __forceinline__ auto negated_split_rows(bf16* hi, bf16* lo, int ld) {
+  return [=](int r, int col, float4 v) {
+    put_split(hi + r * ld + col, lo + r * ld + col, -v.x, -v.y);
+    put_split(hi + r * ld + col + 2, lo + r * ld + col + 2, -v.z, -v.w);
+  };
+}
+// mm_s_to's epilogue for a walked state: S = g S + (the products), in fp32 (S, ldS) and as a bf16
+// part and remainder (hi, lo, ld) for the next chunk's products.
+__device__ __forceinline__ auto decayed_state(float* S, int ldS, bf16* hi, bf16* lo, int ld, float g) {
+  return [=](int r, int col, float x, float y) {
+    float2& s = *reinterpret_cast<float2*>(S + r * ldS + col);
+    s.x = g * s.x + x, s.y = g * s.y + y;
+    put_split(hi + r * ld + col, lo + r * ld + col, s.x, s.y);
+  };
+}
+
 // ---- state on bf16 tiles (Mma::Bf16, Dv a multiple of 32): the state kernel's walk with its two
 // products on operands staged as bf16 parts and remainders (ldmatrix), at the carry's accuracy ----
 // Per chunk: A: U~ = U - W S (three bf16 products on split W and S), written out in fp32 and, times
@@ -1038,28 +1068,23 @@ struct StateSLayout {
   size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
 };
 __host__ __device__ inline StateSLayout state_s_layout(int Dk, int BV) {
-  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
   const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad;
   StateSLayout L{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t o = off;
-    off += al(bytes);
-    return o;
-  };
+  SmemCursor cur;
+  auto take = [&](size_t bytes) { return cur.take(bytes); };
   L.S = take(size_t(Dk) * (BV + 4) * 4);
   L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
   L.U = take(size_t(kE) * (BV + 4) * 4);
   L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2), L.K = take(kE * lbK * 2);
   L.Uhi = take(kE * lbS * 2), L.Ulo = take(kE * lbS * 2);
-  L.bytes = off;
+  L.bytes = cur.off;
   return L;
 }
 
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
-  const int BV = a.BV, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
+  const int BV = a.BV, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv;
   const StateSLayout L = state_s_layout(Dk, BV);
   const int lbK = Dk + kBfPad, lbS = BV + kBfPad, ldS = BV + 4;
   auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
@@ -1073,16 +1098,9 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
   // commits and waits), the decays.
   auto stage_w = [&](int c) {
     const size_t ch = chunk(c);
-    if (tid < kE) {
-      const double* G = a.G + ch * kE;
-      gam[c & 1][tid] = expf(float(G[tid]));
-      D[c & 1][tid] = expf(float(G[kE - 1] - G[tid]));
-    }
+    walk_decays(a.G + ch * kE, gam[c & 1], D[c & 1]);
     copy_async(Uf, ldS, a.U + ch * kE * Dv + c0, Dv, kE, BV);
-    stage(stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), [&](int r, int col, float4 v) {
-      put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
-      put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
-    }));
+    stage(stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), negated_split_rows(Whi, Wlo, lbK)));
   };
   const float* init = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
   each(Dk, BV, [&](int r, int col) {
@@ -1125,11 +1143,7 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     const float g63 = gam[c & 1][kE - 1];
     mm_s_to<true, false>(
         Dk, BV,
-        [&](int r, int col, float x, float y) {
-          float2& s = *reinterpret_cast<float2*>(S + r * ldS + col);
-          s.x = g63 * s.x + x, s.y = g63 * s.y + y;
-          put_split(Shi + r * lbS + col, Slo + r * lbS + col, s.x, s.y);
-        },
+        decayed_state(S, ldS, Shi, Slo, lbS, g63),
         {TermS{Kh, lbK, Ulo, lbS, kE}, TermS{Kh, lbK, Uhi, lbS, kE}});
     if (c + 1 < a.NC) stage_w(c + 1);
     __pipeline_commit();
@@ -1304,21 +1318,16 @@ struct DstateSLayout {
   size_t dS, hi, lo, K, P, dO, Q, dOg, Whi, Wlo, Uhi, Ulo, bytes;  // byte offsets
 };
 __host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp) {
-  auto al = [](size_t n) { return (n + 127) / 128 * 128; };
   const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
   DstateSLayout L{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t o = off;
-    off += al(bytes);
-    return o;
-  };
+  SmemCursor cur;
+  auto take = [&](size_t bytes) { return cur.take(bytes); };
   L.dS = take(size_t(Dk) * (BV + 4) * 4);
   L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
   L.K = take(kE * lbK * 2), L.P = take(Rp * lbE * 2), L.dO = take(Rp * lbS * 2);
   L.Q = take(Rp * lbK * 2), L.dOg = take(Rp * lbS * 2), L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2);
   L.Uhi = take(kE * lbS * 2), L.Ulo = take(kE * lbS * 2);
-  L.bytes = off;
+  L.bytes = cur.off;
   return L;
 }
 __host__ __device__ constexpr bool walk_bf16_tiles(Mma mm, int Dv) { return mm == Mma::Bf16 && Dv % 32 == 0; }
@@ -1344,11 +1353,7 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
   // Phase A's operands of chunk c: K, P, dO; and its decays.
   auto stage1 = [&](int c) {
     const size_t ch = chunk(c);
-    if (tid < kE) {
-      const double* G = a.G + ch * kE;
-      gam[c & 1][tid] = expf(float(G[tid]));
-      D[c & 1][tid] = expf(float(G[kE - 1] - G[tid]));
-    }
+    walk_decays(a.G + ch * kE, gam[c & 1], D[c & 1]);
     stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
           stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE)),
           stage_tile(a.dout, Rp, BV, [&](int r) { return dout_row(c, r); }, bf16_rows(dOh, lbS)));
@@ -1362,10 +1367,7 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
                      [&](int r, int col, float4 v) {
                        put_bf16x4(dOg + r * lbS + col, v, row_ok(a, c, r) ? a.scale * gm[r * nh + nh - 1] : 0.f);
                      }),
-          stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), [&](int r, int col, float4 v) {
-            put_split(Whi + r * lbK + col, Wlo + r * lbK + col, -v.x, -v.y);
-            put_split(Whi + r * lbK + col + 2, Wlo + r * lbK + col + 2, -v.z, -v.w);
-          }));
+          stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), negated_split_rows(Whi, Wlo, lbK)));
   };
   // The lines of the stages of chunk c, into L2 a phase before they are staged.
   auto prefetch1 = [&](int c) {
@@ -1418,11 +1420,7 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     const float g63 = gam[c & 1][kE - 1];
     mm_s_to<true, false>(
         Dk, BV,
-        [&](int r, int col, float x, float y) {
-          float2& s = *reinterpret_cast<float2*>(dS + r * ldS + col);
-          s.x = g63 * s.x + x, s.y = g63 * s.y + y;
-          put_split(Shi + r * lbS + col, Slo + r * lbS + col, s.x, s.y);
-        },
+        decayed_state(dS, ldS, Shi, Slo, lbS, g63),
         {TermS{Wlo, lbK, Uhi, lbS, kE}, TermS{Whi, lbK, Ulo, lbS, kE}, TermS{Qh, lbK, dOg, lbS, Rp},
          TermS{Whi, lbK, Uhi, lbS, kE}});
     if (c > 0) stage1(c - 1);
@@ -1470,12 +1468,136 @@ __device__ void write_beta_gate_grads(const Args& a, int b, int h, int c, const 
   }
 }
 
+// The element terms both grad kernels share (their products differ; these are the same math on
+// the same fp32 values). Shared arrays: G, gam, D, beta, dG, dbeta, tok, red as in the kernels.
+// Per event of chunk c: beta, zeroed dG and dbeta, and the event's token within the chunk.
+__device__ __forceinline__ void grad_events(const Args& a, int c, size_t ch, float* beta, float* dG, float* dbeta,
+                                            int* tok) {
+  const int tid = threadIdx.x;
+  if (tid < kE) {
+    beta[tid] = a.beta[ch * kE + tid];
+    dG[tid] = dbeta[tid] = 0.f;
+    tok[tid] = token_of(a, c, tid);
+  }
+}
+// S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63) = gamma_63 sum(dS . S0), by all
+// threads (fp32 S0 and dS, Dk x Dv each); 0 without a gate.
+__device__ float grad_gate_of_state(bool gated, const float* dS, const float* S0, int n, const float* gam, float* red) {
+  if (!gated) return 0.f;
+  float part = 0.f;
+  for (int x = threadIdx.x; x < n; x += blockDim.x) part += dS[x] * S0[x];
+  return gam[kE - 1] * block_sum(part, red);
+}
+// dK = diag(D) U~ dS^T in place. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read
+// before the scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 (returned, by all threads) and
+// -dd D_i to G_i. key(i, col): the chunk's rounded key k~_i.
+template <class Key>
+__device__ float grad_scale_dk(bool gated, float* dK, int ldK, int Dk, Key key, const float* D, const int* tok, float* dG,
+                               float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float gl_part = 0.f;
+  for (int i = warp; i < kE; i += nwarps()) {
+    float dd = 0.f;
+    for (int col = lane; col < Dk; col += 32) {
+      float& x = dK[i * ldK + col];
+      if (gated) dd += x * key(i, col);
+      x *= D[i];
+    }
+    if (!gated) continue;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
+    if (tok[kE - 1] != tok[i]) {
+      if (lane == 0) dG[i] -= dd * D[i];
+      gl_part += dd * D[i];
+    }
+  }
+  return gated ? block_sum(lane == 0 ? gl_part : 0.f, red) : 0.f;
+}
+// dQ = scale diag(gamma) dO S0^T in place (dQ's rows Rp, from dO S0^T); d G_row += dQ_r . q_r.
+__device__ void grad_scale_dq(const Args& a, int c, float* dQ, int ldK, const float* Qc, const float* gam, float* dG) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, Dk = a.Dk, nh = a.nh;
+  for (int r = warp; r < a.Rp; r += nwarps()) {
+    const float f = row_ok(a, c, r) ? a.scale * gam[r * nh + nh - 1] : 0.f;
+    float acc = 0.f;
+    for (int col = lane; col < Dk; col += 32) {
+      float& v = dQ[r * ldK + col];
+      v *= f;
+      acc += v * Qc[size_t(r) * Dk + col];
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
+    if (lane == 0 && row_ok(a, c, r)) dG[r * nh + nh - 1] += acc;
+  }
+}
+// The gate's sums of e = dP . P (E: [Rp][kLdE]): row sums to the reading event, column sums from
+// the key's event.
+__device__ __forceinline__ void grad_gate_of_e(bool gated, const float* E, int Rp, int nh, float* dG) {
+  const int tid = threadIdx.x;
+  if (gated && tid < kE) {
+    float s = 0.f;
+    for (int r = 0; r < Rp; ++r) s -= E[r * kLdE + tid];
+    if (tid % nh == nh - 1 && tid / nh < Rp)
+      for (int j = 0; j < kE; ++j) s += E[(tid / nh) * kLdE + j];
+    dG[tid] += s;
+  }
+}
+// Per event, from dX (the values' side, ldX) and dY (the keys', ldY): dv = beta dX (handed to
+// dv_out(i, col, vrow, value), vrow the event's value row or -1); dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
+template <class Key, class DvOut>
+__device__ void grad_event_terms(const Args& a, int b, int h, int c, const float* dX, int ldX, const float* dY, int ldY,
+                                 Key key, float* dK, int ldK, const float* beta, const float* gam, float* dbeta, float* dG,
+                                 DvOut dv_out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = warp; i < kE; i += nwarps()) {
+    float dvd = 0.f, dkd = 0.f;
+    const long long vrow = value_row(a, b, h, c, i);
+    for (int col = lane; col < a.Dv; col += 32) {
+      const float x = dX[i * ldX + col];
+      if (vrow >= 0) dvd += x * a.v[vrow + col];
+      dv_out(i, col, vrow, beta[i] * x);
+    }
+    const float bg = beta[i] * gam[i];
+    for (int col = lane; col < a.Dk; col += 32) {
+      const float y = dY[i * ldY + col];
+      dkd += y * key(i, col);
+      dK[i * ldK + col] += bg * y;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      dvd += __shfl_xor_sync(kFull, dvd, o);
+      dkd += __shfl_xor_sync(kFull, dkd, o);
+    }
+    if (lane == 0) {
+      dbeta[i] += dvd + gam[i] * dkd;
+      dG[i] += bg * dkd;
+    }
+  }
+}
+// dbeta_i += sum_j e2_ij, and the gate's sums of beta_i e2_ij (+ row, - column; not within a
+// token), from e2 = dM . A (E: [64][kLdE], strictly lower).
+__device__ __forceinline__ void grad_beta_of_e2(bool gated, const float* E, const float* beta, const int* tok,
+                                                float* dbeta, float* dG) {
+  const int tid = threadIdx.x;
+  if (tid < kE) {
+    float db = 0.f, row = 0.f, col = 0.f;
+    for (int j = 0; j < tid; ++j) {
+      db += E[tid * kLdE + j];
+      if (gated && tok[tid] != tok[j]) row += beta[tid] * E[tid * kLdE + j];
+    }
+    if (gated)
+      for (int i = tid + 1; i < kE; ++i)
+        if (tok[i] != tok[tid]) col += beta[i] * E[i * kLdE + tid];
+    dbeta[tid] += db;
+    dG[tid] += row - col;
+  }
+}
+
 // ---- grad: one block per chunk (grid NC x BH), all of Dk and Dv ----
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
-  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31, Rp = a.Rp;
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv;
+  const int Rp = a.Rp;
   const size_t ch = size_t(bh) * a.NC + c;
   const int ldK = Dk + 4, ldV = Dv + 4, ldX = max(Dk, Dv) + 4;
   float* bK = sm;                // [64][ldK] dK
@@ -1501,59 +1623,17 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   const float* Qc = a.Qc + ch * Rp * Dk;
   const bool gated = a.g != nullptr;
 
-  if (tid < kE) {
-    beta[tid] = a.beta[ch * kE + tid];
-    dG[tid] = dbeta[tid] = 0.f;
-    tok[tid] = token_of(a, c, tid);
-  }
+  grad_events(a, c, ch, beta, dG, dbeta, tok);
   gather_rows(bO, ldV, nullptr, a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); });
   load_decays(a, ch, G, gam, D);
   __pipeline_wait_prior(0);
   __syncthreads();
-  // S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63 below) = gamma_63 sum(dS . S0).
-  float dGL = 0.f;
-  if (gated) {
-    float part = 0.f;
-    for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
-    dGL = gam[kE - 1] * block_sum(part, red);
-  }
+  float dGL = grad_gate_of_state(gated, dS, S0, Dk * Dv, gam, red);
   mm_b<false, true, MM>(bK, ldK, bT, ldX, dS, Dv, kE, Dk, Dv, 1.f);  // U~ dS^T
   mm_b<false, true, MM>(bQ, ldK, bO, ldV, S0, Dv, Rp, Dk, Dv, 1.f);  // dO S0^T
   __syncthreads();
-  // dK = diag(D) U~ dS^T. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read before the
-  // scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
-  {
-    float gl_part = 0.f;
-    for (int i = warp; i < kE; i += nwarps()) {
-      float dd = 0.f;
-      for (int col = lane; col < Dk; col += 32) {
-        float& x = bK[i * ldK + col];
-        if (gated) dd += x * Ks[i * ldK + col];
-        x *= D[i];
-      }
-      if (!gated) continue;
-#pragma unroll
-      for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
-      if (tok[kE - 1] != tok[i]) {
-        if (lane == 0) dG[i] -= dd * D[i];
-        gl_part += dd * D[i];
-      }
-    }
-    if (gated) dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
-  }
-  // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
-  for (int r = warp; r < Rp; r += nwarps()) {
-    const float f = row_ok(a, c, r) ? a.scale * gam[r * a.nh + a.nh - 1] : 0.f;
-    float acc = 0.f;
-    for (int col = lane; col < Dk; col += 32) {
-      float& v = bQ[r * ldK + col];
-      v *= f;
-      acc += v * Qc[size_t(r) * Dk + col];
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
-    if (lane == 0 && row_ok(a, c, r)) dG[r * a.nh + a.nh - 1] += acc;
-  }
+  dGL += grad_scale_dk(gated, bK, ldK, Dk, [&](int i, int col) { return Ks[i * ldK + col]; }, D, tok, dG, red);
+  grad_scale_dq(a, c, bQ, ldK, Qc, gam, dG);
   __syncthreads();
   // dP = scale dO U~^T (P, decayed and masked without scale, is in P1). Then dU~ is staged where
   // U~ was.
@@ -1575,13 +1655,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     dp *= expf(float(G[i] - G[j]));
   });
   __syncthreads();
-  if (gated && tid < kE) {  // row sums to the reading event, column sums from the key's event
-    float s = 0.f;
-    for (int r = 0; r < Rp; ++r) s -= P1[r * kLdE + tid];
-    if (tid % a.nh == a.nh - 1 && tid / a.nh < Rp)
-      for (int j = 0; j < kE; ++j) s += P1[(tid / a.nh) * kLdE + j];
-    dG[tid] += s;
-  }
+  grad_gate_of_e(gated, P1, Rp, a.nh, dG);
   mm<false, false, MM>(bQ, ldK, P2, kLdE, Ks, ldK, Rp, Dk, kE, 1.f, bQ, ldK, 1.f);  // dQ += dP K
   mm_b<true, false, MM>(bK, ldK, P2, kLdE, Qc, Dk, kE, Dk, Rp, 1.f, bK, ldK, 1.f);  // dK += dP^T Q
   __syncthreads();
@@ -1599,31 +1673,8 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   mm<false, true, MM>(P1, kLdE, Ks, ldK, Ks, ldK, kE, kE, Dk, 1.f);  // K K^T
   __syncthreads();
   mm_b<false, true, MM>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
-  // Per event: dv = beta dX; dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
-  for (int i = warp; i < kE; i += nwarps()) {
-    float dvd = 0.f, dkd = 0.f;
-    const long long vrow = value_row(a, b, h, c, i);
-    for (int col = lane; col < Dv; col += 32) {
-      float& x = bO[i * ldV + col];
-      if (vrow >= 0) dvd += x * a.v[vrow + col];
-      x *= beta[i];  // dv
-    }
-    const float bg = beta[i] * gam[i];
-    for (int col = lane; col < Dk; col += 32) {
-      const float y = bT[i * ldX + col];
-      dkd += y * Ks[i * ldK + col];
-      bK[i * ldK + col] += bg * y;
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      dvd += __shfl_xor_sync(kFull, dvd, o);
-      dkd += __shfl_xor_sync(kFull, dkd, o);
-    }
-    if (lane == 0) {
-      dbeta[i] += dvd + gam[i] * dkd;
-      dG[i] += bg * dkd;
-    }
-  }
+  grad_event_terms(a, b, h, c, bO, ldV, bT, ldX, [&](int i, int col) { return Ks[i * ldK + col]; }, bK, ldK, beta, gam,
+                   dbeta, dG, [&](int i, int col, long long, float x) { bO[i * ldV + col] = x; });  // dv in place of dX
   __syncthreads();
   // M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij; F = beta_i dM_ij decay
   // (-> dK += F K + F^T K); e = beta_i dM_ij A_ij feeds dG (+ row, - column; not within a token).
@@ -1640,18 +1691,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
     dm = da * dec;                                    // F
   });
   __syncthreads();
-  if (tid < kE) {
-    float db = 0.f, row = 0.f, col = 0.f;
-    for (int j = 0; j < tid; ++j) {
-      db += P1[tid * kLdE + j];
-      if (gated && tok[tid] != tok[j]) row += beta[tid] * P1[tid * kLdE + j];
-    }
-    if (gated)
-      for (int i = tid + 1; i < kE; ++i)
-        if (tok[i] != tok[tid]) col += beta[i] * P1[i * kLdE + tid];
-    dbeta[tid] += db;
-    dG[tid] += row - col;
-  }
+  grad_beta_of_e2(gated, P1, beta, tok, dbeta, dG);
   mm<false, false, MM>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F K
   __syncthreads();
   mm<true, false, MM>(bK, ldK, P2, kLdE, Ks, ldK, kE, Dk, kE, 1.f, bK, ldK, 1.f);  // += F^T K
@@ -1694,9 +1734,9 @@ __host__ __device__ inline GradSLayout grad_s_layout(int Dk, int Dv) {
   const size_t st = size_t(Dk) * L.lbV * 2;  // a Dk x Dv state tile
   L.r4b = al(mx(hK, hE));
   const size_t sz[9] = {hK, fK, mx(mx(fK, fV), fE), mx(st, fK), mx(st, L.r4b + hV), mx(hV, hK), mx(hV, hE), mx(fE, hK), fE};
-  size_t off = 0;
-  for (int i = 0; i < 9; ++i) L.r[i] = off, off += al(sz[i]);
-  L.bytes = off;
+  SmemCursor cur;
+  for (int i = 0; i < 9; ++i) L.r[i] = cur.take(sz[i]);
+  L.bytes = cur.off;
   return L;
 }
 __host__ __device__ constexpr bool grad_bf16_tiles(Mma mm, int Dk, int Dv) {
@@ -1706,8 +1746,8 @@ __host__ __device__ constexpr bool grad_bf16_tiles(Mma mm, int Dk, int Dv) {
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
-  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv, tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31, Rp = a.Rp, nh = a.nh;
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv;
+  const int Rp = a.Rp, nh = a.nh;
   const size_t ch = size_t(bh) * a.NC + c;
   const GradSLayout L = grad_s_layout(Dk, Dv);
   const int lbK = L.lbK, lbV = L.lbV, lbE = kE + kBfPad, ldK = Dk + 4, ldV = Dv + 4;
@@ -1744,11 +1784,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   };
 
   // Phase 0: stage K~, U~, dS, S0, dO.
-  if (tid < kE) {
-    beta[tid] = a.beta[ch * kE + tid];
-    dG[tid] = dbeta[tid] = 0.f;
-    tok[tid] = token_of(a, c, tid);
-  }
+  grad_events(a, c, ch, beta, dG, dbeta, tok);
   to_bf16_tile(Kh, lbK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
   to_bf16_tile(R5, lbV, a.Ut + ch * kE * Dv, Dv, kE, Dv);
   to_bf16_tile(dSh, lbV, dS, Dv, Dk, Dv);
@@ -1756,13 +1792,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
                     [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
   load_decays(a, ch, G, gam, D);
-  // S_next = gamma_63 S0 + K^T diag(D) U~: d gamma_63 (as d G_63 below) = gamma_63 sum(dS . S0).
-  float dGL = 0.f;
-  if (gated) {
-    float part = 0.f;
-    for (int x = tid; x < Dk * Dv; x += blockDim.x) part += dS[x] * S0[x];
-    dGL = gam[kE - 1] * block_sum(part, red);
-  }
+  float dGL = grad_gate_of_state(gated, dS, S0, Dk * Dv, gam, red);
   __syncthreads();
   // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
   mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
@@ -1772,40 +1802,9 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
   to_bf16_tile(Qh, lbK, Qc, Dk, Rp, Dk);
   to_bf16_tile(R4b, lbV, a.dUt + ch * kE * Dv, Dv, kE, Dv);
-  // dK = diag(D) U~ dS^T. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read before the
-  // scaling): D_i = exp(G_63 - G_i) gives +dd D_i to G_63 and -dd D_i to G_i.
-  {
-    float gl_part = 0.f;
-    for (int i = warp; i < kE; i += nwarps()) {
-      float dd = 0.f;
-      for (int col = lane; col < Dk; col += 32) {
-        float& x = dK[i * ldK + col];
-        if (gated) dd += x * __bfloat162float(Kh[i * lbK + col]);
-        x *= D[i];
-      }
-      if (!gated) continue;
-#pragma unroll
-      for (int o = 16; o; o >>= 1) dd += __shfl_xor_sync(kFull, dd, o);
-      if (tok[kE - 1] != tok[i]) {
-        if (lane == 0) dG[i] -= dd * D[i];
-        gl_part += dd * D[i];
-      }
-    }
-    if (gated) dGL += block_sum(lane == 0 ? gl_part : 0.f, red);
-  }
-  // dQ = scale diag(gamma) dO S0^T; d G_row += dQ_r . q_r.
-  for (int r = warp; r < Rp; r += nwarps()) {
-    const float f = row_ok(a, c, r) ? a.scale * gam[r * nh + nh - 1] : 0.f;
-    float acc = 0.f;
-    for (int col = lane; col < Dk; col += 32) {
-      float& v = R2[r * ldK + col];
-      v *= f;
-      acc += v * Qc[size_t(r) * Dk + col];
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
-    if (lane == 0 && row_ok(a, c, r)) dG[r * nh + nh - 1] += acc;
-  }
+  auto key = [&](int i, int col) { return __bfloat162float(Kh[i * lbK + col]); };  // k~: exact in bf16
+  dGL += grad_scale_dk(gated, dK, ldK, Dk, key, D, tok, dG, red);
+  grad_scale_dq(a, c, R2, ldK, Qc, gam, dG);
   // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token), kept in R8;
   // dP becomes d(Q K^T) = dP . decay, masked, as bf16 (R6: dO is no longer read).
   {
@@ -1824,13 +1823,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   }
   __syncthreads();
   // Phase 3: the gate's sums of e; dQ += dP K, dK += dP^T Q, dW = -dU~ S0^T (U~ = U - W S0).
-  if (gated && tid < kE) {  // row sums to the reading event, column sums from the key's event
-    float s = 0.f;
-    for (int r = 0; r < Rp; ++r) s -= P1[r * kLdE + tid];
-    if (tid % nh == nh - 1 && tid / nh < Rp)
-      for (int j = 0; j < kE; ++j) s += P1[(tid / nh) * kLdE + j];
-    dG[tid] += s;
-  }
+  grad_gate_of_e(gated, P1, Rp, nh, dG);
   mm_s_to<false, false>(Rp, Dk, add(R2, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
   mm_s_to<true, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Qh, lbK, Rp}});
   mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), {TermS{R4b, lbV, S0h, lbV, Dv}});
@@ -1848,33 +1841,9 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   // dK += beta gamma dY; dG += beta gamma dY . k.
   to_bf16_tile(R4b, lbV, a.U + ch * kE * Dv, Dv, kE, Dv);
   to_bf16_tile(R5, lbK, a.W + ch * kE * Dk, Dk, kE, Dk);
-  for (int i = warp; i < kE; i += nwarps()) {
-    float dvd = 0.f, dkd = 0.f;
-    const long long vrow = value_row(a, b, h, c, i);
-    for (int col = lane; col < Dv; col += 32) {
-      const float x = R2[i * ldV + col];
-      if (vrow >= 0) {
-        float* pv = a.dv + vrow + col;
-        dvd += x * a.v[vrow + col];
-        *pv = a.accumulate ? *pv + beta[i] * x : beta[i] * x;
-      }
-    }
-    const float bg = beta[i] * gam[i];
-    for (int col = lane; col < Dk; col += 32) {
-      const float y = dY[i * ldK + col];
-      dkd += y * __bfloat162float(Kh[i * lbK + col]);
-      dK[i * ldK + col] += bg * y;
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      dvd += __shfl_xor_sync(kFull, dvd, o);
-      dkd += __shfl_xor_sync(kFull, dkd, o);
-    }
-    if (lane == 0) {
-      dbeta[i] += dvd + gam[i] * dkd;
-      dG[i] += bg * dkd;
-    }
-  }
+  grad_event_terms(a, b, h, c, R2, ldV, dY, ldK, key, dK, ldK, beta, gam, dbeta, dG, [&](int, int col, long long vrow, float x) {
+    if (vrow >= 0) a.dv[vrow + col] = a.accumulate ? a.dv[vrow + col] + x : x;
+  });
   __syncthreads();
   // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
   mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), {TermS{R6, lbV, R4b, lbV, Dv}, TermS{dYh, lbK, R5, lbK, Dk}});
@@ -1896,18 +1865,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   });
   __syncthreads();
   // Phase 9: dbeta and the gate's sums of e2; dK += (F + F^T) K.
-  if (tid < kE) {
-    float db = 0.f, row = 0.f, col = 0.f;
-    for (int j = 0; j < tid; ++j) {
-      db += P1[tid * kLdE + j];
-      if (gated && tok[tid] != tok[j]) row += beta[tid] * P1[tid * kLdE + j];
-    }
-    if (gated)
-      for (int i = tid + 1; i < kE; ++i)
-        if (tok[i] != tok[tid]) col += beta[i] * P1[i * kLdE + tid];
-    dbeta[tid] += db;
-    dG[tid] += row - col;
-  }
+  grad_beta_of_e2(gated, P1, beta, tok, dbeta, dG);
   mm_s_to<false, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
   __syncthreads();
   scatter_rows(a.dk, dK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
