@@ -47,15 +47,30 @@ constexpr int kDeltaChunk = 16;
 // The backward may use any of it (the CUDA lane kernels walk back from the end states with the
 // stored u; the others recompute inside each chunk from its start state).
 // The buffer is large enough for the GPU's chunked form too (delta_rule_chunked_cuda.cu), which
-// keeps its own layout in it: the state before each of its chunks of
-// delta_rule_gpu_chunk_tokens(n_h) tokens and after the last, [B*H][nchunks + 1][Dk*Dv], then U~
-// (the chunk's corrected values) [B*H*nchunks][kGpuChunkEvents][Dv].
+// keeps its own layout in it (GpuChunkedCkpt): the state before each of its chunks of
+// delta_rule_gpu_chunk_tokens(n_h) tokens and after the last, then U~ (the chunk's corrected
+// values), then what its prep step formed for each chunk (keys, queries, W, U, the inverse, beta,
+// the log decays, the masked query-key products), so that the backward reads them instead of
+// forming them again.
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d);
 size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d);
 size_t delta_rule_recurrent_ckpt_size(const DeltaRuleDims& d);  // the states and u above alone
 constexpr int kGpuChunkEvents = 64;
 int delta_rule_gpu_chunk_tokens(int n_h);  // 64 / n_h tokens (at least 1)
-size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d);
+// The GPU chunked form's checkpoint: element offsets of its arrays (each starting on a multiple of
+// 64 elements), per chunk ch = bh * nchunks + c, with E = kGpuChunkEvents and Rp the chunk's
+// tokens rounded up to 16:
+//   states [B*H][nchunks + 1][Dk][Dv]   U~ [ch][E][Dv]
+//   keys   [ch][E][Dk] (rounded as the products read them)   queries [ch][Rp][Dk]
+//   W [ch][E][Dk]   U [ch][E][Dv]   inverse [ch][E][E]   beta [ch][E]   log decays [ch][E] (double)
+//   masked query-key products [ch][Rp][E]
+// At head dims 128 and n_h = 1 that is 65,728 floats a chunk of 64 tokens (the states and U~
+// alone: 24,576).
+struct GpuChunkedCkpt {
+  size_t states, ut, keys, queries, w, u, inverse, beta, log_decay, qk, total;
+};
+GpuChunkedCkpt delta_rule_gpu_chunked_ckpt_layout(const DeltaRuleDims& d);
+size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d);  // its total
 
 // ckpt (optional): receives the checkpoints above.
 // state (optional, inference: not with ckpt) [B,H,Dk,Dv]: the recurrence starts from it instead of

@@ -25,7 +25,8 @@
 //            bf16 parts and remainders of the operands)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~) (with bf16
 //            products its operands are staged once as bf16 tiles and fed to the MMAs by ldmatrix)
-// Backward: prep again, then
+// Backward (prep's arrays are the forward's, kept in the checkpoint; without one, prep and state run
+// again first):
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
 //            each operand of the next chunk is copied in as soon as its buffer is free; with bf16
@@ -698,7 +699,7 @@ struct Args {
   int BV;                        // state columns per block (state, output, dstate kernels)
   float bscale, scale;
   bool accumulate;
-  // Per chunk ch = bh * NC + c (the workspace):
+  // Per chunk ch = bh * NC + c (prep's, in the checkpoint: GpuChunkedCkpt):
   float *Kc, *Qc, *W, *U, *Tm, *beta;  // [ch][64][Dk], [ch][Rp][Dk], [ch][64][Dk], [ch][64][Dv], [ch][64][64], [ch][64]
   float* Pm;                            // [ch][Rp][64]: (Q K^T) . exp(G_row - G_j), masked to j <= row (no scale)
   double* G;                            // [ch][64]
@@ -1932,7 +1933,8 @@ Workspace& workspace() {
 
 size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Lays the workspace out; returns the Args with the work arrays set.
+// Lays the work arrays out: the checkpoint's (GpuChunkedCkpt: the states, U~ and prep's arrays)
+// in ckpt, or in the workspace without one, and the backward's dS and dU~ in the workspace.
 Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   const Geometry gm = geometry(d);
   Args a{};
@@ -1940,26 +1942,18 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   a.Ct = gm.Ct, a.NC = gm.NC, a.Rp = gm.Rp, a.BV = gm.BV;
   a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
   a.bscale = float(beta_scale(d.range)), a.scale = float(d.out_scale());
-  const size_t nch = size_t(d.B) * d.H * gm.NC, Dk = d.Dk, Dv = d.Dv;
-  const size_t sizes[] = {nch * kE * Dk, nch * gm.Rp * Dk, nch * kE * Dk, nch * kE * Dv, nch * kE * kE, nch * kE,
-                          nch * kE * 2 /* G, doubles */, backward ? nch * Dk * Dv : 0, backward ? nch * kE * Dv : 0,
-                          ckpt ? 0 : delta_rule_gpu_chunked_ckpt_size(d), nch * gm.Rp * kE};
-  size_t total = 0;
-  for (size_t s : sizes) total += up64(s);
-  float* w = workspace().get(total);
-  constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
-  float* ptr[n];
-  for (int i = 0; i < n; ++i) {
-    ptr[i] = w;
-    w += up64(sizes[i]);
-  }
-  a.Kc = ptr[0], a.Qc = ptr[1], a.W = ptr[2], a.U = ptr[3], a.Tm = ptr[4], a.beta = ptr[5];
-  a.G = reinterpret_cast<double*>(ptr[6]);
-  a.dS = ptr[7], a.dUt = ptr[8];
-  a.Pm = ptr[10];
-  float* ck = ckpt ? ckpt : ptr[9];
-  a.states = ck;
-  a.Ut = ck + size_t(d.B) * d.H * (gm.NC + 1) * Dk * Dv;
+  const size_t nch = size_t(d.B) * d.H * gm.NC;
+  const GpuChunkedCkpt L = delta_rule_gpu_chunked_ckpt_layout(d);
+  const size_t ndS = backward ? up64(nch * d.Dk * d.Dv) : 0, ndU = backward ? up64(nch * kE * d.Dv) : 0;
+  float* w = workspace().get(ndS + ndU + (ckpt ? 0 : L.total));
+  a.dS = backward ? w : nullptr, a.dUt = backward ? w + ndS : nullptr;
+  float* ck = ckpt ? ckpt : w + ndS + ndU;
+  // cp.async and float4 accesses read its rows 16 bytes at a time (every region starts on a
+  // multiple of 64 floats), the log decays are doubles.
+  LRNN_CHUNKED_REQUIRE((reinterpret_cast<uintptr_t>(ck) & 15) == 0);
+  a.states = ck + L.states, a.Ut = ck + L.ut;
+  a.Kc = ck + L.keys, a.Qc = ck + L.queries, a.W = ck + L.w, a.U = ck + L.u, a.Tm = ck + L.inverse;
+  a.beta = ck + L.beta, a.G = reinterpret_cast<double*>(ck + L.log_decay), a.Pm = ck + L.qk;
   return a;
 }
 
@@ -2045,7 +2039,7 @@ template <Mma P>
 void backward_impl(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
-  launch_prep<P>(a, d);
+  // prep's arrays are the forward's, in the checkpoint.
   if constexpr (walk_bf16_tiles(P, 32)) {
     if (dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0)  // it reads dO rows as float4
       launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
@@ -2141,8 +2135,7 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
                                  const float* g, const DeltaRuleDims& d, const float* ckpt, bool accumulate) {
   LRNN_CHUNKED_REQUIRE(delta_rule_chunked_cuda_applies(d));
   if (d.B == 0 || d.T == 0) return;
-  // Without the forward's checkpoints they are recomputed into the workspace (the forward's
-  // prep then runs again below: the workspace's other arrays are shared).
+  // Without the forward's checkpoints they are recomputed into the workspace.
   Args a = make(d, true, const_cast<float*>(ckpt));
   set_inputs(a, q, k, v, beta_logit, g);
   if (!ckpt) run_forward(a, d, false);

@@ -78,10 +78,29 @@ size_t delta_rule_ckpt_u_offset(const DeltaRuleDims& d) {
   return size_t(d.B) * d.H * ((d.T + kChunk - 1) / kChunk + 1) * d.Dk * d.Dv;
 }
 int delta_rule_gpu_chunk_tokens(int n_h) { return std::max(1, kGpuChunkEvents / std::max(n_h, 1)); }
-size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d) {
-  const size_t nc = (size_t(d.T) + delta_rule_gpu_chunk_tokens(d.n_h) - 1) / delta_rule_gpu_chunk_tokens(d.n_h);
-  return size_t(d.B) * d.H * ((nc + 1) * d.Dk * d.Dv + nc * kGpuChunkEvents * d.Dv);
+GpuChunkedCkpt delta_rule_gpu_chunked_ckpt_layout(const DeltaRuleDims& d) {
+  const size_t Ct = delta_rule_gpu_chunk_tokens(d.n_h), nc = (size_t(d.T) + Ct - 1) / Ct, bh = size_t(d.B) * d.H;
+  const size_t nch = bh * nc, E = kGpuChunkEvents, Rp = (Ct + 15) / 16 * 16, Dk = d.Dk, Dv = d.Dv;
+  GpuChunkedCkpt L{};
+  size_t at = 0;
+  auto region = [&](size_t& off, size_t n) {
+    off = at;
+    at += (n + 63) / 64 * 64;
+  };
+  region(L.states, bh * (nc + 1) * Dk * Dv);
+  region(L.ut, nch * E * Dv);
+  region(L.keys, nch * E * Dk);
+  region(L.queries, nch * Rp * Dk);
+  region(L.w, nch * E * Dk);
+  region(L.u, nch * E * Dv);
+  region(L.inverse, nch * E * E);
+  region(L.beta, nch * E);
+  region(L.log_decay, nch * E * 2);  // doubles
+  region(L.qk, nch * Rp * E);
+  L.total = at;
+  return L;
 }
+size_t delta_rule_gpu_chunked_ckpt_size(const DeltaRuleDims& d) { return delta_rule_gpu_chunked_ckpt_layout(d).total; }
 size_t delta_rule_recurrent_ckpt_size(const DeltaRuleDims& d) {
   return delta_rule_ckpt_u_offset(d) + size_t(d.B) * d.H * d.T * d.n_h * d.Dv;
 }
