@@ -826,7 +826,9 @@ TEST(DeltaRuleCudaChunked, Bf16ErrorAgainstFp64AcrossShapes) {
                         {dims(2, 200, 2, 32, 96, 2, EigenRange::Signed), true},
                         {dims(1, 130, 3, 128, 64, 3, EigenRange::Unit), true},
                         {dims(2, 65, 2, 96, 128, 4, EigenRange::Signed), true},
-                        {dims(2, 150, 2, 48, 64, 1, EigenRange::Signed), true}};  // Dk 48: fp32 tiles
+                        {dims(2, 150, 2, 48, 64, 1, EigenRange::Signed), true},  // Dk 48: fp32 tiles
+                        {dims(3, 1, 2, 128, 128, 1, EigenRange::Signed), false},  // one token
+                        {dims(2, 1, 2, 64, 64, 3, EigenRange::Signed), true}};   // one token of 3 sub-steps
   for (const Case& k : cases) {
     Opts o;
     o.gate = k.gate, o.g_lo = -2;

@@ -108,37 +108,53 @@ void overwrite_start(std::vector<float>& cpu, std::vector<float>& gpu, size_t ro
 // ---------------------------------------------------------------------------------------------
 // Embedding
 
-void check_embedding(int N, int C, int V, uint64_t seed) {
-  SCOPED_TRACE("embedding N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V));
-  auto tok = rand_ints(N, seed, 0, V);
-  tok[0] = 0;
-  tok[N - 1] = V - 1;
+// The embedding's forward and backward against the CPU on the tokens `tok` (tokens outside
+// [0, V) allowed: the forward writes NaN rows for them and the backward skips them; the CPU
+// reference, which refuses them, runs on the others). Where embedding_backward_deterministic
+// says so, a second backward must give the same bits.
+void check_embedding_tokens(const std::vector<int32_t>& tok, int C, int V, uint64_t seed, const std::string& what) {
+  const int N = int(tok.size());
+  SCOPED_TRACE("embedding " + what + " N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V));
   auto W = randn(size_t(V) * C, seed + 1);
   auto dout = randn(size_t(N) * C, seed + 2);
   auto dW0 = randn(size_t(V) * C, seed + 3);
 
-  std::vector<float> out(size_t(N) * C), dW = dW0;
-  cpu::embedding_forward<float>(out.data(), tok.data(), W.data(), N, C, V);
-  cpu::embedding_backward<float>(dW.data(), dout.data(), tok.data(), N, C, V);
+  std::vector<float> out(size_t(N) * C, 0.f), dW = dW0;
+  std::vector<double> abs_terms(size_t(V) * C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    if (tok[n] < 0 || tok[n] >= V) continue;
+    cpu::embedding_forward<float>(out.data() + size_t(n) * C, &tok[n], W.data(), 1, C, V);
+    cpu::embedding_backward<float>(dW.data(), dout.data() + size_t(n) * C, &tok[n], 1, C, V);
+    for (int c = 0; c < C; ++c) abs_terms[size_t(tok[n]) * C + c] += std::fabs(dout[size_t(n) * C + c]);
+  }
 
   auto dTok = to_device(tok);
   auto dWt = to_device(W), dOut = to_device(randn(size_t(N) * C, seed + 4)), dDout = to_device(dout);
   auto dDW = to_device(dW0);
   gpu::embedding_forward(dOut.data(), dTok.data(), dWt.data(), N, C, V);
   gpu::embedding_backward(dDW.data(), dDout.data(), dTok.data(), N, C, V);
-  expect_close(dOut.download(), out, 0, 0, "embedding out");
-  std::vector<double> abs_terms(size_t(V) * C, 0.0);
-  for (int n = 0; n < N; ++n)
-    for (int c = 0; c < C; ++c) abs_terms[size_t(tok[n]) * C + c] += std::fabs(dout[size_t(n) * C + c]);
-  expect_close(dDW.download(), dW, sum_atol(max_of(abs_terms)), kSumRtol, "embedding dW");
-  // Vocabularies up to kEmbDetMaxV whose V x C floats the device scratch holds take the
-  // deterministic path: the same bits every run.
-  if (V <= gpu::kEmbDetMaxV && size_t(V) * C * sizeof(float) <= ::lrnn::cuda::kScratchBytes) {
-    const auto first = dDW.download();
+  auto got_out = dOut.download();
+  for (int n = 0; n < N; ++n)  // the rows of tokens outside [0, V) are NaN (then set to the reference's 0)
+    if (tok[n] < 0 || tok[n] >= V)
+      for (int c = 0; c < C; ++c) {
+        ASSERT_TRUE(std::isnan(got_out[size_t(n) * C + c])) << "token " << tok[n] << " at " << n;
+        got_out[size_t(n) * C + c] = 0.f;
+      }
+  expect_close(got_out, out, 0, 0, "embedding out");
+  const auto first = dDW.download();
+  expect_close(first, dW, sum_atol(max_of(abs_terms)), kSumRtol, "embedding dW");
+  if (gpu::embedding_backward_deterministic(N, C, V)) {
     auto again = to_device(dW0);
     gpu::embedding_backward(again.data(), dDout.data(), dTok.data(), N, C, V);
     EXPECT_EQ(again.download(), first) << "deterministic path: a second run differs";
   }
+}
+
+void check_embedding(int N, int C, int V, uint64_t seed) {
+  auto tok = rand_ints(N, seed, 0, V);
+  tok[0] = 0;
+  tok[N - 1] = V - 1;
+  check_embedding_tokens(tok, C, V, seed, "random");
 }
 
 TEST(CudaElementwise, Embedding) {
@@ -148,15 +164,46 @@ TEST(CudaElementwise, Embedding) {
   check_embedding(600, 128, 64, 3);    // float4 forward, 3 chunks (last partial)
   check_embedding(1000, 32, 3, 4);     // long runs of equal tokens
   check_embedding(10240, 128, 64, 5);  // a training batch
-  check_embedding(300, 16, 1000, 6);   // larger vocabulary than a chunk: mostly distinct tokens (atomics)
+  check_embedding(300, 16, 1000, 6);   // larger vocabulary than a chunk: mostly distinct tokens (sorted)
   check_embedding(40960, 128, 3, 7);   // the P1 parity step at B = 1024 (8 warps a block)
   check_embedding(5000, 260, 16, 8);   // 9 channel tiles
   check_embedding(777, 64, 17, 9);     // 8 warps; 777 tokens over 4 blocks, remainders of the unrolled walk
   check_embedding(33024, 128, 122, 10);  // S5 with BOS, 256 words of 129 (3 warps a block)
   check_embedding(3000, 100, 193, 11);   // 1 warp a block
-  check_embedding(2000, 64, gpu::kEmbDetMaxV, 12);      // the largest deterministic vocabulary
-  check_embedding(2000, 64, gpu::kEmbDetMaxV + 1, 13);  // just above it: atomics
-  check_embedding(600, 8200, 300, 14);  // V x C floats more than the scratch holds: atomics
+  check_embedding(2000, 64, gpu::kEmbDetMaxV, 12);      // the largest vocabulary of the partial tables
+  check_embedding(2000, 64, gpu::kEmbDetMaxV + 1, 13);  // just above it: sorted
+  check_embedding(600, 8200, 300, 14);  // V x C floats more than the scratch holds: sorted
+  check_embedding(16384, 72, 32000, 15);  // a language model's vocabulary and batch (8 x 2048 tokens)
+}
+
+// The sorted backward's segments (a token's rows in sorted order) against the blocks of 256
+// sorted positions it works in: segments that cross one or many blocks, end exactly at a block's
+// end, fill whole blocks; tokens outside the vocabulary; and beyond the scratch, the atomic path.
+TEST(CudaElementwise, EmbeddingSortedSegments) {
+  LRNN_REQUIRE_GPU();
+  const int V = 1000;
+  {  // one token everywhere: one segment over 12 blocks (the last partial)
+    check_embedding_tokens(std::vector<int32_t>(3000, 7), 40, V, 21, "one token");
+  }
+  {  // segments of exactly 256 and 512 rows: every block boundary is a segment boundary
+    std::vector<int32_t> tok;
+    for (int t : {3, 4, 5, 5, 9}) tok.insert(tok.end(), 256, t);
+    std::vector<int32_t> mixed(tok.size());  // the positions permuted (7919 is prime to 1280)
+    for (size_t i = 0; i < tok.size(); ++i) mixed[(i * 7919) % tok.size()] = tok[i];
+    check_embedding_tokens(mixed, 33, V, 23, "aligned segments");
+  }
+  {  // a frequent token (a third of the rows) among rare ones, and tokens outside [0, V)
+    auto tok = rand_ints(5000, 24, 0, V);
+    for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 11;
+    tok[5] = -1, tok[17] = V, tok[4000] = -7, tok[4001] = 1 << 30;
+    check_embedding_tokens(tok, 64, V, 25, "frequent and invalid tokens");
+  }
+  {  // more tokens than the sort's scratch holds: the atomic path, still correct
+    const int N = 600000;
+    EXPECT_FALSE(gpu::embedding_backward_deterministic(N, 4, V));
+    check_embedding_tokens(rand_ints(N, 26, 0, V), 4, V, 27, "atomic");
+  }
+  EXPECT_TRUE(gpu::embedding_backward_deterministic(16384, 1024, 32000));  // the LM step's shape
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@
 //            with bf16 products and Dv a multiple of 32, state_s_kernel: ldmatrix products on
 //            bf16 parts and remainders of the operands)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~) (with bf16
-//            products its operands are staged once as bf16 tiles and fed to the MMAs by ldmatrix)
+//            products, output_s_kernel: its operands staged once as bf16 tiles and fed to the MMAs
+//            by ldmatrix, each warp's strips of o formed in registers and stored to o directly)
 // Backward (prep's arrays are the forward's, kept in the checkpoint; without one, prep and state run
 // again first):
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
@@ -1157,10 +1158,7 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
 }
 
 // ---- output: one block per (chunk, bh, column block) ----
-// With bf16 products and column blocks of 32 or 64 (output_bf16_tiles), the four operands are
-// staged once as bf16 tiles and multiplied by mm_s (ldmatrix); else as fp32 tiles by mm.
-__host__ __device__ constexpr bool output_bf16_tiles(Mma mm, int BV) { return mm == Mma::Bf16 && BV % 32 == 0; }
-
+// o = scale (diag(gamma) Q S0 + P U~), its four operands staged once as fp32 tiles (mm).
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   extern __shared__ __align__(128) float sm[];
@@ -1170,50 +1168,100 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a) {
   __shared__ double G[kE];
   __shared__ float gam[kE], D[kE];
   const float* S0g = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0;
-  float* Os;  // [Rp][ldS]: the outputs' columns
-  if (output_bf16_tiles(MM, BV)) {
-    const int lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
-    bf16* Qh = reinterpret_cast<bf16*>(sm);  // [Rp][lbK]
-    bf16* Sh = Qh + a.Rp * lbK;              // [Dk][lbS] S0 columns
-    bf16* Uh = Sh + Dk * lbS;                // [64][lbS] U~ columns
-    bf16* Ph = Uh + kE * lbS;                // [Rp][lbE]
-    Os = reinterpret_cast<float*>(Ph + a.Rp * lbE);
-    to_bf16_tile(Qh, lbK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
-    to_bf16_tile(Sh, lbS, S0g, Dv, Dk, BV);
-    to_bf16_tile(Uh, lbS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
-    to_bf16_tile(Ph, lbE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
-    load_decays(a, ch, G, gam, D);
-    __syncthreads();
-    mm_s<false, false>(Os, ldS, Qh, lbK, Sh, lbS, a.Rp, BV, Dk, 1.f);
-    __syncthreads();
-    each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
-    __syncthreads();
-    mm_s<false, false>(Os, ldS, Ph, lbE, Uh, lbS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
-  } else {
-    float* Qs = sm;                   // [Rp][ldK]
-    float* S0 = Qs + a.Rp * ldK;      // [Dk][ldS]
-    float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
-    float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
-    Os = Ps + a.Rp * kLdE;
-    copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
-    copy_async(S0, ldS, S0g, Dv, Dk, BV);
-    copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
-    copy_async(Ps, kLdE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
-    __pipeline_commit();
-    load_decays(a, ch, G, gam, D);
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    mm<false, false, MM>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
-    __syncthreads();
-    each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
-    __syncthreads();
-    mm<false, false, MM>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
-  }
+  float* Qs = sm;                   // [Rp][ldK]
+  float* S0 = Qs + a.Rp * ldK;      // [Dk][ldS]
+  float* Ub = S0 + Dk * ldS;        // [64][ldS] U~ columns
+  float* Ps = Ub + kE * ldS;        // [Rp][kLdE]
+  float* Os = Ps + a.Rp * kLdE;     // [Rp][ldS]: the outputs' columns
+  copy_async(Qs, ldK, a.Qc + ch * a.Rp * Dk, Dk, a.Rp, Dk);
+  copy_async(S0, ldS, S0g, Dv, Dk, BV);
+  copy_async(Ub, ldS, a.Ut + ch * kE * Dv + c0, Dv, kE, BV);
+  copy_async(Ps, kLdE, a.Pm + ch * a.Rp * kE, kE, a.Rp, kE);
+  __pipeline_commit();
+  load_decays(a, ch, G, gam, D);
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  mm<false, false, MM>(Os, ldS, Qs, ldK, S0, ldS, a.Rp, BV, Dk, 1.f);
+  __syncthreads();
+  each(a.Rp, BV, [&](int r, int col) { Os[r * ldS + col] *= row_ok(a, c, r) ? gam[r * a.nh + a.nh - 1] : 0.f; });
+  __syncthreads();
+  mm<false, false, MM>(Os, ldS, Ps, kLdE, Ub, ldS, a.Rp, BV, kE, a.scale, Os, ldS, a.scale);
   __syncthreads();
   scatter_rows(a.o, Os, ldS, a.Rp, BV, false, [&](int r) {
     const long long o = out_row(a, b, h, c, r);
     return o < 0 ? o : o + c0;
   });
+}
+
+// ---- output on bf16 tiles (Mma::Bf16, column blocks of 32 or 64), in one pass ----
+// Q, S0, U~ and P are staged once as bf16 tiles (their loads in flight together); each warp then
+// takes 16 x 32 strips of o: Q S0 into its registers, each row times its gamma, P U~ added by the
+// same MMAs, and the strip, times scale, stored straight to o. No fp32 output tile, so ~54 KB of
+// shared memory at head dim 128 and four blocks of 8 warps per SM (registers capped at 64 for
+// it), where the form with an output tile and a scatter pass held two.
+__host__ __device__ constexpr bool output_bf16_tiles(Mma mm, int BV) { return mm == Mma::Bf16 && BV % 32 == 0; }
+constexpr int kOutputSBlocks = 4;  // blocks per SM the launch bounds ask for
+
+struct OutputSLayout {
+  size_t Q, S, U, P, bytes;  // byte offsets
+};
+__host__ __device__ inline OutputSLayout output_s_layout(int Dk, int BV, int Rp) {
+  const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
+  OutputSLayout L{};
+  SmemCursor cur;
+  L.Q = cur.take(Rp * lbK * 2), L.S = cur.take(Dk * lbS * 2), L.U = cur.take(kE * lbS * 2);
+  L.P = cur.take(Rp * lbE * 2);
+  L.bytes = cur.off;
+  return L;
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kPrepThreads, kOutputSBlocks) output_s_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, Rp = a.Rp;
+  const int c0 = blockIdx.z * BV, Dk = a.Dk, Dv = a.Dv, nh = a.nh;
+  const int lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
+  const size_t ch = size_t(bh) * a.NC + c;
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE];
+  const OutputSLayout L = output_s_layout(Dk, BV, Rp);
+  bf16 *Qh = reinterpret_cast<bf16*>(smb + L.Q), *Sh = reinterpret_cast<bf16*>(smb + L.S);
+  bf16 *Uh = reinterpret_cast<bf16*>(smb + L.U), *Ph = reinterpret_cast<bf16*>(smb + L.P);
+  const float* S0g = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0;
+  // Two tiles' loads in flight at a time (all four: 64 more registers, which spill under the cap).
+  stage(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
+        stage_tile(S0g, Dk, BV, row_stride(Dv), bf16_rows(Sh, lbS)));
+  stage(stage_tile(a.Ut + ch * kE * Dv + c0, kE, BV, row_stride(Dv), bf16_rows(Uh, lbS)),
+        stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE)));
+  load_decays(a, ch, G, gam, D);  // (its barrier also ends the staging)
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, sn = BV >> 5, strips = (Rp >> 4) * sn;
+  const float scale = a.scale;
+  for (int t = threadIdx.x >> 5; t < strips; t += nwarps()) {
+    const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
+    float acc[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+    strip_s<false, false>(acc, Qh, lbK, Sh, lbS, m0, n0, Dk);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {  // rows m0 + g and m0 + g + 8: times gamma (0 past the chunk)
+      const int r = m0 + g + 8 * hh;
+      const float f = row_ok(a, c, r) ? gam[r * nh + nh - 1] : 0.f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q][2 * hh] *= f, acc[q][2 * hh + 1] *= f;
+    }
+    strip_s<false, false>(acc, Ph, lbE, Uh, lbS, m0, n0, kE);
+    strip_out(acc, m0, n0, [&](int r, int col, float x, float y) {
+      const long long o = out_row(a, b, h, c, r);
+      if (o < 0) return;
+      float* p = a.o + o + c0 + col;
+      if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(scale * x, scale * y);
+      } else {
+        p[0] = scale * x, p[1] = scale * y;
+      }
+    });
+  }
 }
 
 // ---- dstate: one block per (column block, bh), chunks in reverse ----
@@ -1891,10 +1939,7 @@ size_t prep_smem(const DeltaRuleDims& d) { return (size_t(kE) * (std::max(d.Dk, 
 size_t state_smem(const DeltaRuleDims& d, const Geometry& g) {
   return ((size_t(d.Dk) + kE) * (g.BV + 4) + 2 * (2 * size_t(kE) * (d.Dk + 4) + size_t(kE) * (g.BV + 4))) * 4;
 }
-size_t output_smem(const DeltaRuleDims& d, const Geometry& g, Mma mm = Mma::Tf32) {
-  if (output_bf16_tiles(mm, g.BV))  // bf16 Q, S0, U~, P; fp32 outputs
-    return (size_t(g.Rp) * (d.Dk + kBfPad) + size_t(d.Dk + kE) * (g.BV + kBfPad) + size_t(g.Rp) * (kE + kBfPad)) * 2 +
-           size_t(g.Rp) * (g.BV + 4) * 4;
+size_t output_smem(const DeltaRuleDims& d, const Geometry& g) {
   return (size_t(g.Rp) * (d.Dk + 4) + size_t(d.Dk + kE + g.Rp) * (g.BV + 4) + size_t(g.Rp) * kLdE) * 4;
 }
 size_t dstate_smem(const DeltaRuleDims& d, const Geometry& g) {
@@ -1986,6 +2031,11 @@ bool prep_s_fits(const DeltaRuleDims& d) {
          prep_s_layout(d.Dk, d.Dv, geometry(d).Rp).bytes <= dynamic_smem_limit<prep_s_kernel<P>>();
 }
 template <Mma P>
+bool output_s_fits(const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  return output_bf16_tiles(P, gm.BV) && output_s_layout(d.Dk, gm.BV, gm.Rp).bytes <= dynamic_smem_limit<output_s_kernel<P>>();
+}
+template <Mma P>
 bool state_s_fits(const DeltaRuleDims& d) {
   return walk_bf16_tiles(P, d.Dv) && state_s_layout(d.Dk, geometry(d).BV).bytes <= dynamic_smem_limit<state_s_kernel<P>>();
 }
@@ -2025,14 +2075,16 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
     launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
   }
   if (!outputs) return;
-  // The bf16-tile form (~72 KB of shared memory, 84 registers) in blocks of 8 warps: its products
-  // are 8 strips of 16 x 32 (half of 16 warps idled in them), and two such blocks share an SM where
-  // one of 16 warps filled it, so one block's loads overlap the other's products (ncu, H200, B 8 x
-  // T 2048 x H 8: at 16 warps one block per SM, 36 % of the stalls waiting on its global loads).
-  if (output_bf16_tiles(P, gm.BV))
-    launch<output_kernel<P>, kPrepThreads>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
-  else
-    launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm, P), a);
+  // The bf16-tile form in blocks of 8 warps: its products are 8 strips of 16 x 32 at head dim 128
+  // (half of 16 warps would idle), and several blocks share an SM, so one block's loads overlap
+  // another's products (ncu, H200, B 8 x T 2048 x H 8, the form with an output tile: at 16 warps
+  // one block per SM, 36 % of the stalls waiting on its global loads).
+  if constexpr (P == Mma::Bf16) {
+    if (output_s_fits<P>(d))
+      return launch<output_s_kernel<P>, kPrepThreads>("delta chunked: output", dim3(NC, BH, VB),
+                                                      output_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
+  }
+  launch<output_kernel<P>>("delta chunked: output", dim3(NC, BH, VB), output_smem(d, gm), a);
 }
 
 template <Mma P>
