@@ -89,8 +89,8 @@ TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
     const double loss = cpu->forward(tok.data(), lab.data(), B, T);
     std::fill(cpu->grads.begin(), cpu->grads.end(), 0.f);
     cpu->backward();
-    const size_t prev = lm_head_chunk_elements();
-    lm_head_chunk_elements() = size_t(5) * V;
+    const size_t prev = lm_head_chunk_elements(true);
+    lm_head_chunk_elements(true) = size_t(5) * V;
     auto dev = to_device(*cpu, "delta_net");
     dev->set_dense_labels(true);
     auto gtok = to_device(tok), glab = to_device(lab);
@@ -98,7 +98,7 @@ TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
     dev->forward(gtok.data(), glab.data(), B, T);
     dev->backward();
     cuda::synchronize();
-    lm_head_chunk_elements() = prev;
+    lm_head_chunk_elements(true) = prev;
     std::vector<float> gloss(1);
     LRNN_CUDA_CHECK(cudaMemcpy(gloss.data(), dev->loss(), 4, cudaMemcpyDeviceToHost));
     EXPECT_NEAR(gloss[0], loss, (bf16 ? 1e-2 : 1e-4) * loss);
@@ -149,8 +149,11 @@ TEST(ModelCuda, LanguageModelGradientsRepeatBitForBit) {
   size_t differ = 0;
   for (size_t i = 0; i < grads[0].size(); ++i) differ += grads[0][i] != grads[1][i];
   EXPECT_EQ(differ, 0u) << "of " << grads[0].size() << " gradient elements";
-  for (auto& e : cpu->layout().entries())  // the frequent token's embedding row got its gradient
-    if (e.name == "model.embeddings.weight") EXPECT_GT(std::fabs(grads[0][e.offset + 3 * C]), 0.f);
+  for (auto& e : cpu->layout().entries()) {  // the frequent token's embedding row got its gradient
+    if (e.name == "model.embeddings.weight") {
+      EXPECT_GT(std::fabs(grads[0][e.offset + 3 * C]), 0.f);
+    }
+  }
 }
 
 // Mixed precision (training.precision: bf16, the default on the GPU): every projection (q|k|v|b|a|g,

@@ -89,3 +89,25 @@ TEST(LmHead, OnlyDenseLargeTrainingBatchesAreChunked) {
   m->set_dense_labels(false);
   EXPECT_EQ(m->activation_bytes(2, 13, true), plain_train);
 }
+
+// Chunks of 256 rows or more are whole multiples of 128 (the head's GEMM tiles): the default cap
+// at V 32000 gives 524 rows, taken as 512; smaller chunks keep cap / V rows.
+TEST(LmHead, ChunksOfManyRowsAreWholeTiles) {
+  LmHead<float, CpuOps<float>> h;
+  h.dense = true;
+  const size_t V = 32000;
+  {
+    ChunkElements cap(size_t(1) << 24);  // 524.3 rows of V
+    EXPECT_EQ(h.rows(16384, V, true), 512u);
+    EXPECT_EQ(h.rows(300, V, true), 300u);  // fewer rows than a chunk: all of them
+    EXPECT_EQ(h.rows(16384, V, false), 16384u);
+  }
+  {
+    ChunkElements cap(255 * V + V / 2);
+    EXPECT_EQ(h.rows(16384, V, true), 255u);
+  }
+  {
+    ChunkElements cap(300 * V);
+    EXPECT_EQ(h.rows(16384, V, true), 256u);
+  }
+}
