@@ -454,6 +454,29 @@ YAML
       ratio=$(python3 -c "print(f'{$ours/$theirs:.2f}')" 2>/dev/null || echo "-")
       echo "| $mt | $L | $d | $H | $B | $ours | $theirs | $ratio |" >>"$sum"
     done
+    # Reproducibility at a language model's vocabulary: the first shape again, whose 25 losses
+    # must equal the first run's bit for bit (every sum of the DeltaNet step has a fixed order).
+    IFS=: read -r mt L d H B <<<"${first%% *}"
+    if [[ -f "$runs/speed_$mt$L/metrics.jsonl" ]]; then
+      cat >"$runs/again.yaml" <<YAML
+training: {num_steps: 25, batch_size: $B, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
+model: {model_type: $mt, hidden_size: $d, num_hidden_layers: $L, num_heads: $H, vocab_size: 32000}
+task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
+logging: {log_every: 5, progress: none}
+YAML
+      local extra=""
+      [[ $mt == gated_deltanet ]] && extra="--set model.head_dim=$((d / H)) --set model.expand_v=2"
+      timeout 300 "$bin/lrnn" train --device cuda --force --out "$runs/again" --config "$runs/again.yaml" $extra \
+        >"$LOGS/speed_again.log" 2>&1 || true
+      python3 - "$runs/speed_$mt$L/metrics.jsonl" "$runs/again/metrics.jsonl" "$mt" "$L" >>"$sum" <<'PY' || true
+import json, sys
+loss = lambda p: [j["loss"] for j in map(json.loads, open(p)) if j["type"] == "train"]
+a, b = loss(sys.argv[1]), loss(sys.argv[2])
+same = a == b and len(a) > 0
+print(f"\nlrnn {sys.argv[3]}, {sys.argv[4]} layers, run twice: " +
+      ("the same logged losses bit for bit" if same else f"losses differ (first runs {a[:3]}, again {b[:3]})"))
+PY
+    fi
     echo >>"$sum"
   fi
   if want lm-gen; then
