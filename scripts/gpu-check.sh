@@ -9,7 +9,8 @@
 # part of dist) and "dist-speed" check data parallelism on a machine with several GPUs; add
 # lm-train, lm-speed, lm-gen for the language-model checks below, which want data/shakespeare from
 # scripts/demo_lm.sh and, for the fla side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests
-# (a gtest filter, default all); BASE_PACK="DIR ..." (with "kernel") times other packs' chunked forms too.
+# (a gtest filter, default all); BASE_PACK="DIR ..." (with "kernel") times other packs' chunked forms
+# too, and (with "lm-speed") runs their lrnn on each LM shape, alternating with this pack's.
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -448,6 +449,21 @@ YAML
       local ours theirs
       ours=$(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/speed_$mt$L/metrics.jsonl" 2>/dev/null || echo "failed")
       echo "(lrnn $mt, $L layers: $ours tokens/s; fla's row follows when it finishes)" >>"$sum"
+      # BASE_PACK: each other pack's lrnn on the same config, alternating with this pack's twice.
+      local base ab="" rep who
+      for base in ${BASE_PACK:-}; do
+        base=$(cd "$base" && pwd)
+        [[ -x "$base/lrnn" ]] || xz -dc "$base/pack.tar.xz" | tar xf - -C "$base"
+        ab="$ab; $(basename "$base") ($(cat "$base/COMMIT" 2>/dev/null || echo unknown)):"
+        for rep in 1 2; do
+          for who in "$base/lrnn" "$bin/lrnn"; do
+            timeout 300 "$who" train --device cuda --force --out "$runs/ab" --config "$runs/speed.yaml" $extra \
+              >"$LOGS/speed_ab.log" 2>&1 || true
+            ab="$ab $([[ $who == "$bin/lrnn" ]] && echo this || echo base) $(python3 -c "import json,sys; t=[j for j in map(json.loads, open(sys.argv[1])) if j['type']=='train']; print(f\"{t[-1]['tokens_per_s']:.0f}\")" "$runs/ab/metrics.jsonl" 2>/dev/null || echo failed)"
+          done
+        done
+      done
+      [[ -n $ab ]] && echo "(lrnn $mt, $L layers, tokens/s alternating with other packs$ab)" >>"$sum"
       theirs=$(timeout 300 python3 bench/lm_fla.py train --model "$mt" --layers "$L" --hidden "$d" --heads "$H" --batch "$B" \
         --steps 10 --warmup 3 2>"$LOGS/fla_${mt}_$L.err" | tail -n 1 | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['tokens_per_s']:.0f}\")" 2>/dev/null || echo "failed")
       local ratio
