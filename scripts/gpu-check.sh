@@ -422,6 +422,15 @@ PY
       long_neg_false/metrics.jsonl long_neg_true/metrics.jsonl long_neg_false/config.yaml long_neg_true/config.yaml 2>/dev/null) || true
   fi
   if want lm-speed; then
+    # The speed runs' config: 25 steps of shape $mt $L $d $H $B on random tokens, V 32000.
+    speed_yaml() {
+      cat <<YAML
+training: {num_steps: 25, batch_size: $B, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
+model: {model_type: $mt, hidden_size: $d, num_hidden_layers: $L, num_heads: $H, vocab_size: 32000}
+task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
+logging: {log_every: 5, progress: none}
+YAML
+    }
     echo "== LM training speed, lrnn vs fla, vocabulary 32000, context 2048"
     python3 bench/random_shards.py --out "$runs/rand32k" --vocab 32000 --tokens 4000000 >/dev/null
     echo "## LM training step, lrnn (CUDA, precision bf16) vs PyTorch + fla (bf16 autocast), random tokens, V 32000, context 2048" >>"$sum"
@@ -438,12 +447,7 @@ PY
       IFS=: read -r mt L d H B <<<"$shape"
       local extra=""
       [[ $mt == gated_deltanet ]] && extra="--set model.head_dim=$((d / H)) --set model.expand_v=2"  # fla's default expand_v
-      cat >"$runs/speed.yaml" <<YAML
-training: {num_steps: 25, batch_size: $B, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
-model: {model_type: $mt, hidden_size: $d, num_hidden_layers: $L, num_heads: $H, vocab_size: 32000}
-task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
-logging: {log_every: 5, progress: none}
-YAML
+      speed_yaml >"$runs/speed.yaml"
       timeout 300 "$bin/lrnn" train --device cuda --force --out "$runs/speed_$mt$L" --config "$runs/speed.yaml" $extra \
         >"$LOGS/speed_${mt}_$L.log" 2>&1 || true
       local ours theirs
@@ -474,12 +478,7 @@ YAML
     # must equal the first run's bit for bit (every sum of the DeltaNet step has a fixed order).
     IFS=: read -r mt L d H B <<<"${first%% *}"
     if [[ -f "$runs/speed_$mt$L/metrics.jsonl" ]]; then
-      cat >"$runs/again.yaml" <<YAML
-training: {num_steps: 25, batch_size: $B, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
-model: {model_type: $mt, hidden_size: $d, num_hidden_layers: $L, num_heads: $H, vocab_size: 32000}
-task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
-logging: {log_every: 5, progress: none}
-YAML
+      speed_yaml >"$runs/again.yaml"
       local extra=""
       [[ $mt == gated_deltanet ]] && extra="--set model.head_dim=$((d / H)) --set model.expand_v=2"
       timeout 300 "$bin/lrnn" train --device cuda --force --out "$runs/again" --config "$runs/again.yaml" $extra \
