@@ -101,8 +101,10 @@ struct CpuOps {
   LRNN_XLSTM_OPS(LRNN_CPU_OP)
   LRNN_BASELINE_OPS(LRNN_CPU_OP)
 #undef LRNN_CPU_OP
-  // The delta rule's checkpoint buffer for the training forward (either CPU algorithm).
-  static size_t delta_rule_ckpt_size(const ops::DeltaRuleDims& d, bool) { return ops::delta_rule_ckpt_size(d); }
+  // The delta rule's checkpoint buffer for the training forward: both CPU algorithms fill the
+  // recurrent layout (ops::delta_rule_ckpt_size also covers the GPU's chunked one, which the CPU
+  // never runs).
+  static size_t delta_rule_ckpt_size(const ops::DeltaRuleDims& d, bool) { return ops::delta_rule_recurrent_ckpt_size(d); }
   // Mean loss over counted labels, returned to the host (and kept in *loss).
   static double cross_entropy_loss(T* loss, const T* logits, const int32_t* labels, int N, int V) {
     double l = ops::cross_entropy_forward<T>(nullptr, logits, labels, N, V);

@@ -47,8 +47,8 @@ E* take(Alloc& a, size_t n) {
 // CPU: 2^24 (64 MiB of fp32). Devices: 2^29 (2 GiB of fp32 logits, with bf16 dlogits 3 GiB):
 // the 340M LM's batch of 8 x 2048 tokens at V 32000 (2^29.0 logits) fits whole. Measured on an
 // H200 (2026-11-29, `lrnn train --device cuda`, hidden 1024, 4 and 24 layers, bf16): whole
-// against chunks of 512 rows, 462k -> 557k tokens/s at 4 layers (peak memory 14.3 -> 17.3 GB),
-// 115k -> 120k at 24 layers (61.8 -> 64.7 GB).
+// against chunks of 524 rows (the cap of 2^24), 462k -> 557k tokens/s at 4 layers (peak memory
+// 14.3 -> 17.3 GB), 115k -> 120k at 24 layers (61.8 -> 64.7 GB).
 inline size_t& lm_head_chunk_elements(bool device = false) {
   static const long long env = [] {
     const char* e = std::getenv("LRNN_LM_HEAD_ELEMENTS");

@@ -92,8 +92,8 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
 // and each starts from a zero state — documents packed into one context that must not see each
 // other — or, for inference, from state[i] ([N,H,Dk,Dv], which receives its final state). Each
 // sequence runs through delta_rule_forward / delta_rule_backward above (algorithm by its own
-// length), one after the other; their checkpoints lie back to back in `ckpt`
-// (delta_rule_varlen_ckpt_size elements).
+// length), one after the other; their checkpoints (each the recurrent layout, which both CPU
+// algorithms fill) lie back to back in `ckpt` (delta_rule_varlen_ckpt_size elements).
 size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N);
 // Checks cu_seqlens against d (B = 1, 0 .. T, non-decreasing); throws with the reason.
 void check_varlen(const DeltaRuleDims& d, const int64_t* cu_seqlens, int N);

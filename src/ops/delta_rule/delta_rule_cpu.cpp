@@ -365,14 +365,14 @@ void check_varlen(const DeltaRuleDims& d, const int64_t* cu, int N) {
 size_t delta_rule_varlen_ckpt_size(const DeltaRuleDims& d, const int64_t* cu, int N) {
   check_varlen(d, cu, N);
   size_t n = 0;
-  for (int i = 0; i < N; ++i) n += delta_rule_ckpt_size(varlen_piece(d, cu, i).d);
+  for (int i = 0; i < N; ++i) n += delta_rule_recurrent_ckpt_size(varlen_piece(d, cu, i).d);
   return n;
 }
 
 template <class T>
 void delta_rule_forward_varlen(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                                const DeltaRuleDims& d, const int64_t* cu, int N, T* ckpt, T* state) {
-  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd); },
+  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_recurrent_ckpt_size(pd); },
                     [&](int i, const VarlenPiece& p, size_t c) {
                       delta_rule_forward(o + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b, g ? g + p.g : nullptr,
                                          p.d, ckpt ? ckpt + c : nullptr,
@@ -384,7 +384,7 @@ template <class T>
 void delta_rule_backward_varlen(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q, const T* k,
                                 const T* v, const T* beta_logit, const T* g, const DeltaRuleDims& d,
                                 const int64_t* cu, int N, const T* ckpt, bool accumulate) {
-  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_ckpt_size(pd); },
+  each_varlen_piece(d, cu, N, [](const DeltaRuleDims& pd) { return delta_rule_recurrent_ckpt_size(pd); },
                     [&](int, const VarlenPiece& p, size_t c) {
                       delta_rule_backward(dq + p.q, dk + p.k, dv + p.v, dbeta_logit + p.b, g ? dg + p.g : nullptr,
                                           dout + p.o, q + p.q, k + p.k, v + p.v, beta_logit + p.b,

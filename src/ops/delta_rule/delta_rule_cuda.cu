@@ -1314,8 +1314,9 @@ void delta_rule_backward(float* dq, float* dk, float* dv, float* dbeta_logit, fl
   a.accumulate = accumulate;
   float* tmp = nullptr;
   if (!ckpt) {
-    // Not used in captured graphs (training passes the forward's checkpoints): recompute them.
-    LRNN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), delta_rule_ckpt_size(d) * sizeof(float),
+    // Not used in captured graphs (training passes the forward's checkpoints): recompute them
+    // (the recurrent kernels' part of the layout).
+    LRNN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), delta_rule_recurrent_ckpt_size(d) * sizeof(float),
                                     lrnn::cuda::stream()));
     Args f = a;
     f.dout = nullptr;

@@ -24,6 +24,9 @@
 //   1024 (16 bytes a token and two partial rows a block); beyond that the backward falls back to
 //   atomicAdd (embedding_backward_atomic: each block ranks its chunk of 256 tokens in shared memory
 //   and issues one add per run of equal tokens and channel; the order of those adds varies).
+//
+// Tokens outside [0, V) cannot be reported from the device: the forward writes NaN rows for
+// them (so the loss shows it), the backward skips them.
 #include "ops/embedding/embedding_cuda.h"
 #include <algorithm>
 #include <climits>
@@ -281,11 +284,19 @@ int partial_count(int N, int C, int V) {
   return int(std::min<size_t>((N + kChunk - 1) / kChunk, ::lrnn::cuda::kScratchBytes / (size_t(V) * C * sizeof(float))));
 }
 
-// The sorted backward if its arrays fit the scratch; false (nothing done) otherwise.
-bool embedding_backward_sorted(float* dW, const float* dout, const int32_t* tok, int N, int C, int V, cudaStream_t st) {
+// Which backward a batch takes: the partial tables, the sort (both deterministic), or atomics.
+// (sb: the sort's scratch, set where the sort is asked about.)
+enum class Backward { Partials, Sorted, Atomic };
+Backward backward_path(int N, int C, int V, cudaStream_t st, SortedBytes* sb) {
+  if (V <= kEmbDetMaxV && partial_count(N, C, V) >= 1) return Backward::Partials;
+  *sb = sorted_bytes(N, C, st);
+  return sb->total <= ::lrnn::cuda::kScratchBytes ? Backward::Sorted : Backward::Atomic;
+}
+
+// The sorted backward (its arrays, sb, fit the scratch: backward_path).
+void embedding_backward_sorted(float* dW, const float* dout, const int32_t* tok, int N, int C, int V, SortedBytes sb,
+                               cudaStream_t st) {
   const int nb = (N + kSegSpan - 1) / kSegSpan;
-  SortedBytes sb = sorted_bytes(N, C, st);
-  if (sb.total > ::lrnn::cuda::kScratchBytes) return false;
   auto* base = static_cast<char*>(::lrnn::cuda::scratch(sb.total));
   auto take = [&](size_t n) {
     char* p = base;
@@ -310,7 +321,6 @@ bool embedding_backward_sorted(float* dW, const float* dout, const int32_t* tok,
     embedding_backward_crossing<<<dim3(unsigned(nb - 1), unsigned((C + 127) / 128)), 128, 0, st>>>(dW, s, nb, C, V);
     LRNN_CUDA_LAUNCH_CHECK();
   }
-  return true;
 }
 
 }  // namespace
@@ -334,10 +344,12 @@ void embedding_forward(float* out, const int32_t* tok, const float* W, int N, in
 void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N, int C, int V) {
   if (N <= 0 || C <= 0 || V <= 0) return;
   auto s = ::lrnn::cuda::stream();
-  // Partials: one block per chunk of 256 tokens (at least), as many as the scratch holds.
-  const size_t per_part = size_t(V) * C * sizeof(float);
-  const int P = partial_count(N, C, V);
-  if (V <= kEmbDetMaxV && P >= 1) {
+  SortedBytes sb{};
+  const Backward path = backward_path(N, C, V, s, &sb);
+  if (path == Backward::Partials) {
+    // One block per chunk of 256 tokens (at least), as many as the scratch holds.
+    const size_t per_part = size_t(V) * C * sizeof(float);
+    const int P = partial_count(N, C, V);
     const int per_block = (N + P - 1) / P, W = det_warps(V);
     auto* part = static_cast<float*>(::lrnn::cuda::scratch(size_t(P) * per_part));
     const dim3 grid(unsigned(P), unsigned((C + 31) / 32));
@@ -347,16 +359,15 @@ void embedding_backward(float* dW, const float* dout, const int32_t* tok, int N,
     add_partials(dW, part, P, size_t(V) * C);
     return;
   }
-  if (embedding_backward_sorted(dW, dout, tok, N, C, V, s)) return;
+  if (path == Backward::Sorted) return embedding_backward_sorted(dW, dout, tok, N, C, V, sb, s);
   const dim3 grid((N + kChunk - 1) / kChunk, (C + kTile - 1) / kTile);
   embedding_backward_atomic<<<grid, kThreads, 0, s>>>(dW, dout, tok, N, C, V);
   LRNN_CUDA_LAUNCH_CHECK();
 }
 
 bool embedding_backward_deterministic(int N, int C, int V) {
-  if (N <= 0 || C <= 0 || V <= 0) return true;
-  if (V <= kEmbDetMaxV && partial_count(N, C, V) >= 1) return true;
-  return sorted_bytes(N, C, ::lrnn::cuda::stream()).total <= ::lrnn::cuda::kScratchBytes;
+  SortedBytes sb{};
+  return N <= 0 || C <= 0 || V <= 0 || backward_path(N, C, V, ::lrnn::cuda::stream(), &sb) != Backward::Atomic;
 }
 
 }  // namespace lrnn::ops::cuda
