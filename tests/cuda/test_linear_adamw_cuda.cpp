@@ -73,52 +73,65 @@ TEST(ElementwiseCuda, AddInplaceAnyAlignment) {
 }
 
 // Several optimizer steps on the device against the CPU's global_norm / clip / adamw_update,
-// including a non-finite step that must be skipped without touching anything.
+// including a non-finite step that must be skipped without touching anything. The buffers start
+// 16-byte aligned (groups of four floats, with a tail of P % 4) and one float further (one by one).
 TEST(AdamWCuda, StepsMatchCpuAndSkipNonFinite) {
   LRNN_REQUIRE_GPU();
   const size_t P = 100003;
-  auto p = randn(P, 1), m = std::vector<float>(P, 0.f), v = std::vector<float>(P, 0.f);
-  std::vector<uint8_t> mask(P);
-  for (size_t i = 0; i < P; ++i) mask[i] = i % 3 != 0;
-  const std::vector<float> lr_table = {1e-2f, 5e-3f, 2e-3f, 1e-3f};
-  const double clip = 1.0, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-  auto gp = to_device(p), gm = to_device(m), gv = to_device(v), glr = to_device(lr_table);
-  auto gmask = to_device(mask);
-  ops::cuda::StepStats s0{};
-  cuda::Buffer<ops::cuda::StepStats> gs;
-  gs.upload(&s0, 1);
-  int64_t adam_step = 0;
-  const float losses[] = {1.5f, NAN, 1.2f, 1.1f};
-  for (int step = 0; step < 4; ++step) {
-    auto g = randn(P, 100 + step, step == 2 ? 0.001 : 0.05);  // step 2: below the clip threshold
-    if (step == 1) g[P / 2] = INFINITY;
-    auto gg = to_device(g);
-    auto gloss = to_device(std::vector<float>{losses[step]});
-    ops::cuda::optimizer_prepare(gs.data(), gloss.data(), gg.data(), P, glr.data(), int64_t(lr_table.size()), clip);
-    ops::cuda::adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), gmask.data(), P, gs.data(), b1, b2, eps, wd);
-    // CPU
-    double norm = ops::global_norm(g.data(), P);
-    auto st = gs.download()[0];
-    EXPECT_EQ(st.step, step + 1);
-    if (step == 1) {
-      EXPECT_EQ(st.finite, 0);
-      EXPECT_EQ(st.skipped, 1);
-      continue;
+  for (size_t off : {size_t(0), size_t(1)}) {
+    SCOPED_TRACE("offset " + std::to_string(off));
+    auto p = randn(P, 1), m = std::vector<float>(P, 0.f), v = std::vector<float>(P, 0.f);
+    std::vector<uint8_t> mask(P);
+    for (size_t i = 0; i < P; ++i) mask[i] = i % 3 != 0;
+    auto shifted = [&](const auto& x) {  // a device copy whose element 0 sits at index off
+      std::decay_t<decltype(x)> y(off);
+      y.insert(y.end(), x.begin(), x.end());
+      return to_device(y);
+    };
+    const std::vector<float> lr_table = {1e-2f, 5e-3f, 2e-3f, 1e-3f};
+    const double clip = 1.0, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    auto gp = shifted(p), gm = shifted(m), gv = shifted(v), glr = to_device(lr_table);
+    auto gmask = shifted(mask);
+    auto tail = [&](const auto& g) { return std::vector<float>(g.begin() + off, g.end()); };
+    ops::cuda::StepStats s0{};
+    cuda::Buffer<ops::cuda::StepStats> gs;
+    gs.upload(&s0, 1);
+    int64_t adam_step = 0;
+    const float losses[] = {1.5f, NAN, 1.2f, 1.1f};
+    for (int step = 0; step < 4; ++step) {
+      auto g = randn(P, 100 + step, step == 2 ? 0.001 : 0.05);  // step 2: below the clip threshold
+      if (step == 1) g[P / 2] = INFINITY;
+      auto gg = shifted(g);
+      auto gloss = to_device(std::vector<float>{losses[step]});
+      ops::cuda::optimizer_prepare(gs.data(), gloss.data(), gg.data() + off, P, glr.data(),
+                                   int64_t(lr_table.size()), clip);
+      ops::cuda::adamw_update(gp.data() + off, gg.data() + off, gm.data() + off, gv.data() + off,
+                              gmask.data() + off, P, gs.data(), b1, b2, eps, wd);
+      // CPU
+      double norm = ops::global_norm(g.data(), P);
+      auto st = gs.download()[0];
+      EXPECT_EQ(st.step, step + 1);
+      if (step == 1) {
+        EXPECT_EQ(st.finite, 0);
+        EXPECT_EQ(st.skipped, 1);
+        EXPECT_TRUE(tail(gp.download()) == p);
+        continue;
+      }
+      EXPECT_EQ(st.finite, 1);
+      EXPECT_NEAR(st.norm, norm, 1e-5 * norm);
+      EXPECT_FLOAT_EQ(st.lr, lr_table[step]);
+      ops::clip_by_global_norm(g.data(), P, norm, clip);
+      ops::AdamWParams ap{lr_table[step], b1, b2, eps, wd, ++adam_step};
+      ops::adamw_update(p.data(), g.data(), m.data(), v.data(), mask.data(), P, ap);
+      EXPECT_EQ(st.adam_step, adam_step);
+      expect_close(tail(gp.download()), p, 1e-6, 1e-5, "params after step " + std::to_string(step));
+      expect_close(tail(gm.download()), m, 1e-7, 1e-5, "m after step " + std::to_string(step));
+      expect_close(tail(gv.download()), v, 1e-9, 1e-5, "v after step " + std::to_string(step));
     }
-    EXPECT_EQ(st.finite, 1);
-    EXPECT_NEAR(st.norm, norm, 1e-5 * norm);
-    EXPECT_FLOAT_EQ(st.lr, lr_table[step]);
-    ops::clip_by_global_norm(g.data(), P, norm, clip);
-    ops::AdamWParams ap{lr_table[step], b1, b2, eps, wd, ++adam_step};
-    ops::adamw_update(p.data(), g.data(), m.data(), v.data(), mask.data(), P, ap);
-    EXPECT_EQ(st.adam_step, adam_step);
-    expect_close(gp.download(), p, 1e-6, 1e-5, "params after step " + std::to_string(step));
-    expect_close(gm.download(), m, 1e-7, 1e-5, "m after step " + std::to_string(step));
-    expect_close(gv.download(), v, 1e-9, 1e-5, "v after step " + std::to_string(step));
+    auto st = gs.download()[0];
+    EXPECT_EQ(st.loss_n, 3);
+    EXPECT_NEAR(st.loss_sum, 1.5 + 1.2 + 1.1, 1e-6);
   }
-  auto st = gs.download()[0];
-  EXPECT_EQ(st.loss_n, 3);
-  EXPECT_NEAR(st.loss_sum, 1.5 + 1.2 + 1.1, 1e-6);
 }
 
 // A step whose loss and gradient are finite but whose update would not be (a corrupt negative
