@@ -77,7 +77,7 @@ namespace lrnn {
 
 // ... and those only the CUDA backend has (mixed precision: bf16 storage; the bf16 GEMMs,
 // SwiGLU and RMSNorm output are overloads of the names above).
-#define LRNN_CUDA_ONLY_OPS(X) X(to_bf16)
+#define LRNN_CUDA_ONLY_OPS(X) X(to_bf16) X(cross_entropy_loss_backward)
 
 template <class T>
 struct CpuOps {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <type_traits>
 #include <vector>
 #include "core/arena.h"
@@ -84,6 +85,7 @@ struct LmHead {
   double dloss = 1.0;  // the weight of this forward's mean loss in what the backward differentiates
   bool dense = false;  // every label counts (language modelling): the head may work in chunks
   size_t chunk = 0;    // rows per chunk of the last carve's training step (0: all rows at once)
+  bool dl_ready = false;  // the last forward also wrote dlogits (into dlh), for the backward to use
 
   // Rows of logits a step on N positions holds at once: from 256 rows on a multiple of 128, so
   // that the head's GEMMs (rows x C x V) end on whole tiles (at V 32000 the default cap gives
@@ -174,9 +176,20 @@ struct LmHead {
         Ops::to_bf16(wh, P + head, size_t(V) * C);
       }
     }
+    dl_ready = false;
     if (!chunk || !labels) {
       head_rows(logits, P, head, 0, N, C, V);
       if (!labels) return 0.0;
+      if constexpr (Ops::kDevice) {
+        // A training step's (dlh is carved for training): the loss and dlogits in one pass over
+        // the logits, at this forward's loss weight. (An evaluation through the training core
+        // writes dlh for nothing: the same loss.)
+        if (dlh) {
+          Ops::cross_entropy_loss_backward(loss, dlh, logits, labels, N, V, dloss);
+          dl_ready = true;
+          return std::numeric_limits<double>::quiet_NaN();
+        }
+      }
       return Ops::cross_entropy_loss(loss, logits, labels, N, V);
     }
     Ops::zero(loss, 1);
@@ -209,7 +222,7 @@ struct LmHead {
         head_grads(dx, G, P, head, dlogits, r0, n, C, V, /*side_dW=*/false);
       }
     } else {
-      ce_backward(dlogits, labels, N, V, dloss);
+      if (!dl_ready) ce_backward(dlogits, labels, N, V, dloss);
       ticket = head_grads(dx, G, P, head, dlogits, 0, N, C, V, side_dW);
     }
     if (layer_norm) {  // (the LayerNorm's backward accumulates)
@@ -270,6 +283,7 @@ class CoreFrame {
   const T* logits() const { return head_.logits; }  // [B,T,V] of the last forward
   const T* loss() const { return head_.loss; }      // its mean loss (where it had labels)
   // The backward differentiates w * (mean loss): w = 1 / A for each of A accumulated micro-batches.
+  // Set before the forward (a device's training forward may form the loss's gradient already).
   void set_loss_weight(double w) { head_.dloss = w; }
   // Every label of a training batch counts (language modelling): the head may take the loss in
   // chunks of rows (LmHead) when the logits would be large.

@@ -31,7 +31,8 @@ class DeviceModel {
   virtual void forward(const int32_t* tokens, const int32_t* labels, int B, int T_) = 0;
   // Accumulates the last forward's gradients into `grads` (of loss_weight times its mean loss).
   virtual void backward() = 0;
-  virtual void set_loss_weight(double w) = 0;  // 1 by default; 1 / A with A accumulated micro-batches
+  // 1 by default; 1 / A with A accumulated micro-batches. Set before the forward it applies to.
+  virtual void set_loss_weight(double w) = 0;
   virtual void set_dense_labels(bool d) = 0;   // Model::set_dense_labels
   // Inference (no labels, no saved state), on its own activations: it does not disturb the
   // training buffers (or the CUDA graphs captured over them).

@@ -752,6 +752,24 @@ void check_cross_entropy(int N, int V, double ignore_frac, double scale, bool wi
   size_t mismatches = 0;
   for (size_t i = 0; i < dl.size(); ++i) mismatches += dh[i + offset].bits != bf16::from_float(dl[i]).bits;
   EXPECT_EQ(mismatches, 0u) << "bf16 dlogits differ from the rounded fp32 ones";
+
+  // The loss and the backward in one call (the training step's head): the same loss and dlogits
+  // against the CPU (for long rows its logsumexp sums in another order than the two calls'), and
+  // its bf16 dlogits its fp32 ones rounded, bit for bit.
+  auto Loss2 = to_device(std::vector<float>{123.f});
+  auto Df = to_device(randn(size_t(N) * V + offset, seed + 5));
+  gpu::cross_entropy_loss_backward(Loss2.data(), Df.data() + offset, L.data() + offset, Lab.data(), N, V, dloss);
+  expect_close(Loss2.download(), {float(loss)}, 1e-6, 1e-5, "fused cross_entropy loss");
+  auto df = Df.download();
+  df.erase(df.begin(), df.begin() + offset);
+  expect_close(df, dlogits, 1e-6 * std::max(1e-30f, max_abs(dlogits)), 1e-4, "fused cross_entropy dlogits");
+  Dh.upload(garbage);
+  gpu::cross_entropy_loss_backward(Loss2.data(), Dh.data() + offset, L.data() + offset, Lab.data(), N, V, dloss);
+  dh = Dh.download();
+  mismatches = 0;
+  for (size_t i = 0; i < df.size(); ++i) mismatches += dh[i + offset].bits != bf16::from_float(df[i]).bits;
+  EXPECT_EQ(mismatches, 0u) << "fused bf16 dlogits differ from the rounded fp32 ones";
+  if (all_ignored) EXPECT_EQ(Loss2.download()[0], 0.f);
 }
 
 TEST(CudaElementwise, CrossEntropy) {
@@ -776,6 +794,7 @@ TEST(CudaElementwise, CrossEntropyLongRows) {
   check_cross_entropy(19, 4096, 0.0, 2.0, true, true, 135);     // every label ignored
   check_cross_entropy(8300, 2048, 0.1, 2.0, true, false, 136);  // more rows than either grid covers
   check_cross_entropy(3, 2047, 0.0, 2.0, true, false, 137);     // the last V of a warp per row
+  check_cross_entropy(5, 65536, 0.1, 2.0, true, false, 138);    // rows longer than shared memory
 }
 
 // A NaN logit makes the loss NaN in both layouts (a diverged run must show it).
@@ -804,6 +823,9 @@ TEST(CudaElementwise, CrossEntropyNoRows) {
   auto Loss = to_device(std::vector<float>{123.f});
   gpu::cross_entropy_loss(Loss.data(), nullptr, nullptr, nullptr, 0, 5);
   gpu::cross_entropy_backward(static_cast<float*>(nullptr), nullptr, nullptr, 0, 5, 1.0);
+  EXPECT_EQ(Loss.download()[0], 0.f);
+  Loss.upload(std::vector<float>{123.f});
+  gpu::cross_entropy_loss_backward(Loss.data(), static_cast<float*>(nullptr), nullptr, nullptr, 0, 4096, 1.0);
   EXPECT_EQ(Loss.download()[0], 0.f);
 }
 

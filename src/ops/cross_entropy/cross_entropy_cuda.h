@@ -13,4 +13,11 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
 // The same with dlogits stored in bf16 (rounded to nearest even): the input of the head's bf16
 // GEMMs under mixed precision.
 void cross_entropy_backward(bf16* dlogits, const float* logits, const int32_t* labels, int N, int V, double dloss);
+// Both at once, for a training step whose backward follows: loss[0] as cross_entropy_loss and
+// dlogits as cross_entropy_backward (up to the logsumexp's order of summation), with each long
+// row (V >= 2048) read from memory once instead of three times.
+void cross_entropy_loss_backward(float* loss, float* dlogits, const float* logits, const int32_t* labels, int N, int V,
+                                 double dloss);
+void cross_entropy_loss_backward(float* loss, bf16* dlogits, const float* logits, const int32_t* labels, int N, int V,
+                                 double dloss);
 }  // namespace lrnn::ops::cuda
