@@ -1,6 +1,7 @@
 // Scalar helpers shared by the CPU references. Templated so every op also runs in double.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -39,6 +40,29 @@ template <class T> inline T silu(T x) { return x * sigmoid(x); }
 template <class T> inline T silu_grad(T x) {
   T s = sigmoid(x);
   return s * (T(1) + x * (T(1) - s));
+}
+
+// sum over c in [0, n) of term(c), in 16 partial sums (lane l takes the terms l, l + 16, ...)
+// that are then added as a tree: a fixed order, deterministic on every machine. Written out
+// because the compiler keeps a reduction in source order (no -ffast-math): a plain loop is a chain
+// of n dependent scalar adds, and even under `omp simd reduction` a short loop that is unrolled
+// and vectorised as straight code ends in 16 dependent adds (at head dim 32 that chain per row was
+// the delta rule backward's largest cost under perf).
+template <class T, class Term>
+[[gnu::always_inline]] inline T tree_sum(Term term, size_t n) {
+  constexpr int L = 16;
+  T p[L] = {};
+  size_t c = 0;
+  for (; c + L <= n; c += L) {
+#pragma omp simd
+    for (int l = 0; l < L; ++l) p[l] += term(c + l);
+  }
+  for (int l = 0; c + l < n; ++l) p[l] += term(c + l);
+  for (int w = L / 2; w >= 1; w /= 2) {
+#pragma omp simd
+    for (int l = 0; l < w; ++l) p[l] += p[l + w];
+  }
+  return p[0];
 }
 
 // Eigenvalue range of a transition: [0,1] (β = σ(·)) or [-1,1] (β = 2σ(·)). One enum, used as a

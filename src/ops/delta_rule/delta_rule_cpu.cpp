@@ -214,14 +214,10 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
           for (int i = 0; i < Dk; ++i) {
             const T* Si = Spost + size_t(i) * Dv;
             T* dSi = dS + size_t(i) * Dv;
-            T acc = 0;
             const T sq = scale * qq[i];
-#pragma omp simd reduction(+ : acc)
-            for (int c = 0; c < Dv; ++c) {
-              acc += Si[c] * dot_[c];
-              dSi[c] += sq * dot_[c];
-            }
-            dqq[i] += scale * acc;
+#pragma omp simd
+            for (int c = 0; c < Dv; ++c) dSi[c] += sq * dot_[c];
+            dqq[i] += scale * tree_sum<T>([&](size_t c) { return Si[c] * dot_[c]; }, Dv);
           }
           for (int j = nh - 1; j >= 0; --j) {
             const T* Sprev = base + size_t((g ? 1 : 0) + j) * SS;
@@ -231,22 +227,17 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
             // w = dS^T k ; du = beta w ; dbeta = w . u
             std::fill_n(w, Dv, T(0));
             add_rows(w, dS, kk, T(1), Dk, Dv);
-            T dbeta = 0;
             for (int c = 0; c < Dv; ++c) {
               du[c] = beta * w[c];
               bu[c] = beta * u[c];
-              dbeta += w[c] * u[c];
             }
-            // dk_i = dS_i . (beta u) - Sprev_i . du (one sum a row: its horizontal add is the
-            // costly part at head dims of 32) ; dS -= k du^T
+            const T dbeta = tree_sum<T>([&](size_t c) { return w[c] * u[c]; }, Dv);
+            // dk_i = dS_i . (beta u) - Sprev_i . du (one sum a row) ; dS -= k du^T
             T* dkk = dk + off.k + s.kidx(t, j);
             for (int i = 0; i < Dk; ++i) {
               const T* dSi = dS + size_t(i) * Dv;
               const T* Si = Sprev + size_t(i) * Dv;
-              T a = 0;
-#pragma omp simd reduction(+ : a)
-              for (int c = 0; c < Dv; ++c) a += dSi[c] * bu[c] - Si[c] * du[c];
-              dkk[i] += a;
+              dkk[i] += tree_sum<T>([&](size_t c) { return dSi[c] * bu[c] - Si[c] * du[c]; }, Dv);
             }
             for (int i = 0; i < Dk; ++i) {
               const T ki = kk[i];
@@ -262,9 +253,7 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
           if (g) {
             // S_gated = a S_prev:  dg = a (dS . S_prev) ; dS_prev = a dS
             const T a = std::exp(s.gt(t));
-            T acc = 0;
-            for (size_t i = 0; i < SS; ++i) acc += dS[i] * base[i];
-            dg[off.g + size_t(t) * H] += a * acc;
+            dg[off.g + size_t(t) * H] += a * tree_sum<T>([&](size_t i) { return dS[i] * base[i]; }, SS);
             for (size_t i = 0; i < SS; ++i) dS[i] *= a;
           }
         }

@@ -1,4 +1,5 @@
 #include "ops/l2norm/l2norm.h"
+#include "ops/common/math.h"
 #include <algorithm>
 #include <cmath>
 
@@ -13,8 +14,7 @@ void l2norm_forward(T* y, T* rstd, const T* x, int N, int D, double eps, int hea
     for (int h = 0; h < heads; ++h) {
       const T* xr = x + size_t(n) * ldx + size_t(h) * D;
       T* yr = y + size_t(n) * ldy + size_t(h) * D;
-      T ss = 0;
-      for (int d = 0; d < D; ++d) ss += xr[d] * xr[d];
+      const T ss = tree_sum<T>([&](size_t d) { return xr[d] * xr[d]; }, size_t(D));
       T r = T(1) / std::sqrt(ss + T(eps));
       rstd[size_t(n) * heads + h] = r;
       for (int d = 0; d < D; ++d) yr[d] = xr[d] * r;
@@ -33,8 +33,7 @@ void l2norm_backward(T* dx, const T* dy, const T* y, const T* rstd, int N, int D
       const T* g = dy + size_t(n) * ldy + size_t(h) * D;
       T* dxr = dx + size_t(n) * ldx + size_t(h) * D;
       const T r = rstd[size_t(n) * heads + h];
-      T dot = 0;
-      for (int d = 0; d < D; ++d) dot += yr[d] * g[d];
+      const T dot = tree_sum<T>([&](size_t d) { return yr[d] * g[d]; }, size_t(D));
       if (!accumulate) std::fill_n(dxr, D, T(0));  // overwrite = exactly zero-fill + accumulate
       for (int d = 0; d < D; ++d) dxr[d] += r * (g[d] - yr[d] * dot);
     }

@@ -1,4 +1,5 @@
 #include "ops/rmsnorm/rmsnorm.h"
+#include "ops/common/math.h"
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,8 +13,7 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int N, int C, doub
   for (int n = 0; n < N; ++n) {
     const T* xr = x + size_t(n) * C;
     T* o = out + size_t(n) * C;
-    T ss = 0;
-    for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const T ss = tree_sum<T>([&](size_t c) { return xr[c] * xr[c]; }, size_t(C));
     T r = T(1) / std::sqrt(ss / T(C) + T(eps));
     rstd[n] = r;
     for (int c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
@@ -35,8 +35,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
       const T* xr = x + size_t(n) * C;
       const T* d = dout + size_t(n) * C;
       T* g = dx + size_t(n) * C;
-      T r = rstd[n], dot = 0;
-      for (int c = 0; c < C; ++c) dot += d[c] * w[c] * xr[c];
+      const T r = rstd[n], dot = tree_sum<T>([&](size_t c) { return d[c] * w[c] * xr[c]; }, size_t(C));
       T k = dot * r * r * r / T(C);
       if (!accumulate) std::fill_n(g, C, T(0));  // overwrite = exactly zero-fill + accumulate
       for (int c = 0; c < C; ++c) g[c] += r * w[c] * d[c] - xr[c] * k;
