@@ -34,8 +34,8 @@ void l2norm_backward(T* dx, const T* dy, const T* y, const T* rstd, int N, int D
       T* dxr = dx + size_t(n) * ldx + size_t(h) * D;
       const T r = rstd[size_t(n) * heads + h];
       const T dot = tree_sum<T>([&](size_t d) { return yr[d] * g[d]; }, size_t(D));
-      if (!accumulate) std::fill_n(dxr, D, T(0));  // overwrite = exactly zero-fill + accumulate
-      for (int d = 0; d < D; ++d) dxr[d] += r * (g[d] - yr[d] * dot);
+      // overwrite = exactly zero-fill + accumulate (0 + v), without a memset a row
+      for (int d = 0; d < D; ++d) dxr[d] = (accumulate ? dxr[d] : T(0)) + r * (g[d] - yr[d] * dot);
     }
 }
 

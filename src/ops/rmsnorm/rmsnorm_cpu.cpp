@@ -37,8 +37,8 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
       T* g = dx + size_t(n) * C;
       const T r = rstd[n], dot = tree_sum<T>([&](size_t c) { return d[c] * w[c] * xr[c]; }, size_t(C));
       T k = dot * r * r * r / T(C);
-      if (!accumulate) std::fill_n(g, C, T(0));  // overwrite = exactly zero-fill + accumulate
-      for (int c = 0; c < C; ++c) g[c] += r * w[c] * d[c] - xr[c] * k;
+      // overwrite = exactly zero-fill + accumulate (0 + v), without a memset a row
+      for (int c = 0; c < C; ++c) g[c] = (accumulate ? g[c] : T(0)) + (r * w[c] * d[c] - xr[c] * k);
       if (mine)
         for (int c = 0; c < C; ++c) mine[c] += d[c] * xr[c] * r;
     }
