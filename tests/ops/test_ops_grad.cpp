@@ -1,6 +1,8 @@
 // Every op's backward against central finite differences in double.
 #include <cmath>
+#include <cstring>
 #include "gradcheck.h"
+#include "ops/common/math.h"
 #include "ops/adamw/adamw.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/delta_rule/delta_rule.h"
@@ -293,6 +295,28 @@ TEST(Clip, GlobalNormAndClipFactor) {
   EXPECT_EQ(clip_by_global_norm(g.data(), 2, 0.5, 1.0), 1.0);
   std::vector<double> bad{1.0, NAN};
   EXPECT_TRUE(std::isnan(global_norm(bad.data(), 2)));
+}
+
+// tree_sum's order is its contract (the CPU ops' sums are deterministic on every machine): lane l
+// of 16 adds the terms l, l + 16, ... in turn, then the lanes are added as a tree (l + 8 into l,
+// then + 4, + 2, + 1). Checked bit for bit in float against that order written out, at lengths
+// around the multiples of 16 (tails of every size), and against the plain sum in double.
+TEST(TreeSum, FixedOrderAtEveryLength) {
+  for (size_t n : {size_t(0), size_t(1), size_t(5), size_t(15), size_t(16), size_t(17), size_t(31), size_t(32),
+                   size_t(33), size_t(100), size_t(1024), size_t(1031)}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const auto xd = randn(n, 40 + n);
+    std::vector<float> x(xd.begin(), xd.end());
+    float lane[16] = {};
+    for (size_t c = 0; c < n; ++c) lane[c % 16] += x[c];
+    for (int w = 8; w >= 1; w /= 2)
+      for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
+    const float got = tree_sum<float>([&](size_t c) { return x[c]; }, n);
+    EXPECT_EQ(std::memcmp(&got, &lane[0], sizeof got), 0) << got << " vs " << lane[0];
+    double plain = 0;
+    for (double v : xd) plain += v;
+    EXPECT_NEAR(tree_sum<double>([&](size_t c) { return xd[c]; }, n), plain, 1e-12 * (1.0 + std::sqrt(double(n))));
+  }
 }
 
 TEST(DeltaRule, BackwardWithForwardCheckpointsEqualsRecompute) {
