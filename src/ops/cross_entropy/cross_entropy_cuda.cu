@@ -29,6 +29,7 @@ namespace lrnn::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRowBlocks = 1024;  // partials of the loss kernel (grid-stride beyond)
 constexpr int kMaxCountBlocks = 256;
 
@@ -231,17 +232,16 @@ __device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
 // aligned and V a multiple of 4. The partials are combined in a fixed order (deterministic).
 template <bool VEC>
 __device__ float block_row_lse(const float* __restrict__ x, int V) {
-  constexpr int kW = kThreads / 32, NT = kThreads;
-  __shared__ float red_m[kW], red_s[kW];
+  __shared__ float red_m[kWarps], red_s[kWarps];
   MaxSum a{-INFINITY, 0.f};
   if (VEC) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    for (int i = threadIdx.x; i < V / 4; i += NT) {
+    for (int i = threadIdx.x; i < V / 4; i += kThreads) {
       const float4 v = x4[i];
       a = ms_add(ms_add(ms_add(ms_add(a, v.x), v.y), v.z), v.w);
     }
   } else {
-    for (int v = threadIdx.x; v < V; v += NT) a = ms_add(a, x[v]);
+    for (int v = threadIdx.x; v < V; v += kThreads) a = ms_add(a, x[v]);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
@@ -250,7 +250,7 @@ __device__ float block_row_lse(const float* __restrict__ x, int V) {
   if ((threadIdx.x & 31) == 0) red_m[threadIdx.x >> 5] = a.m, red_s[threadIdx.x >> 5] = a.s;
   __syncthreads();
   MaxSum t{red_m[0], red_s[0]};
-  for (int w = 1; w < kW; ++w) t = ms_merge(t, MaxSum{red_m[w], red_s[w]});
+  for (int w = 1; w < kWarps; ++w) t = ms_merge(t, MaxSum{red_m[w], red_s[w]});
   return t.m + logf(t.s);
 }
 
