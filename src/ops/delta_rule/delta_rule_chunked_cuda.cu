@@ -1065,7 +1065,10 @@ __device__ __forceinline__ auto decayed_state(float* S, int ldS, bf16* hi, bf16*
 // fp32 in shared memory and as parts. K~ of chunk c is staged during phase A of chunk c, W and U
 // (U by cp.async, as fp32) of chunk c + 1 during phase B of chunk c, each asked of L2 a phase
 // ahead. (H200, the same call: 338 -> 308 us at B 8 x T 2048 x H 8, 1326 -> 1187 us at B 8 x
-// T 4096 x H 16. In blocks of 32 columns, two per SM, 1384 us: not taken.)
+// T 4096 x H 16. In blocks of 32 columns, two per SM, 1384 us: not taken. Nor where blocks of 64
+// columns leave SMs idle, in blocks of 32 columns of 8 warps, two per SM: B 8 x T 2048 x H 8, 128 ->
+// 256 blocks, 297 -> 399 us under ncu, the forward 784 -> 887 us: each block still stages every
+// chunk's W and K, and the chain of chunks is no shorter.)
 struct StateSLayout {
   size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
 };
@@ -1590,20 +1593,43 @@ __device__ __forceinline__ void grad_gate_of_e(bool gated, const float* E, int R
     dG[tid] += s;
   }
 }
-// Per event, from dX (the values' side, ldX) and dY (the keys', ldY): dv = beta dX (handed to
-// dv_out(i, col, vrow, value), vrow the event's value row or -1); dbeta = dX . v + gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k.
-template <class Key, class DvOut>
+// Per event, from dX (the values' side, ldX) and dY (the keys', ldY): dv = beta dX, into dvs
+// (shared, ldvs) where dvs is given, else into a.dv (added where a.accumulate); dbeta = dX . v +
+// gamma dY . k; dK += beta gamma dY; dG += beta gamma dY . k. A lane's loads of a row's values (and
+// of the dv it adds to), up to 8 of each, are all in flight before its first store: ncu had the
+// bf16-tile grad kernel waiting 22 % of its time on this loop when each column's load of v, load
+// of dv and store of dv followed one another (a store may alias the next load, so the compiler
+// kept them in order: 8 round trips to memory a row).
+template <class Key>
 __device__ void grad_event_terms(const Args& a, int b, int h, int c, const float* dX, int ldX, const float* dY, int ldY,
                                  Key key, float* dK, int ldK, const float* beta, const float* gam, float* dbeta, float* dG,
-                                 DvOut dv_out) {
+                                 float* dvs, int ldvs) {
+  constexpr int kU = 8;  // columns a lane holds at once (head dims up to 256 in one pass)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int i = warp; i < kE; i += nwarps()) {
     float dvd = 0.f, dkd = 0.f;
     const long long vrow = value_row(a, b, h, c, i);
-    for (int col = lane; col < a.Dv; col += 32) {
-      const float x = dX[i * ldX + col];
-      if (vrow >= 0) dvd += x * a.v[vrow + col];
-      dv_out(i, col, vrow, beta[i] * x);
+    const bool add = dvs == nullptr && a.accumulate && vrow >= 0;
+    for (int c0 = 0; c0 < a.Dv; c0 += 32 * kU) {
+      float x[kU], v[kU], old[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int col = c0 + lane + 32 * u;
+        const bool in = col < a.Dv;
+        x[u] = in ? dX[i * ldX + col] : 0.f;
+        v[u] = in && vrow >= 0 ? a.v[vrow + col] : 0.f;
+        old[u] = in && add ? a.dv[vrow + col] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int col = c0 + lane + 32 * u;
+        if (col >= a.Dv) continue;
+        dvd += x[u] * v[u];
+        if (dvs)
+          dvs[i * ldvs + col] = beta[i] * x[u];
+        else if (vrow >= 0)
+          a.dv[vrow + col] = old[u] + beta[i] * x[u];
+      }
     }
     const float bg = beta[i] * gam[i];
     for (int col = lane; col < a.Dk; col += 32) {
@@ -1723,7 +1749,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
   __syncthreads();
   mm_b<false, true, MM>(P2, kLdE, bT, ldX, a.W + ch * kE * Dk, Dk, kE, kE, Dk, -1.f, P2, kLdE, 1.f);
   grad_event_terms(a, b, h, c, bO, ldV, bT, ldX, [&](int i, int col) { return Ks[i * ldK + col]; }, bK, ldK, beta, gam,
-                   dbeta, dG, [&](int i, int col, long long, float x) { bO[i * ldV + col] = x; });  // dv in place of dX
+                   dbeta, dG, bO, ldV);  // dv in place of dX
   __syncthreads();
   // M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij; F = beta_i dM_ij decay
   // (-> dK += F K + F^T K); e = beta_i dM_ij A_ij feeds dG (+ row, - column; not within a token).
@@ -1760,7 +1786,10 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
 // same call: 1320 -> 821 us at B 8 x T 2048 x H 8, 5205 -> 3187 us at B 8 x T 4096 x H 16.) The products that fed each other through fp32 tiles now feed
 // bf16 tiles written by their epilogues (dW, dX, dY, dP, F), which is where the products read
 // them rounded before, so the values are those of the fp32-tile kernel up to the order of sums;
-// the two products F K and F^T K are one, (F + F^T) K.
+// the two products F K and F^T K are one, (F + F^T) K. Tiles are staged two at a time (their loads
+// in flight together), each phase's later loads asked of L2 a phase or more ahead, and the event
+// terms load a row's values at once (H200, ncu at B 8 x T 2048 x H 8: 856 -> 677 us; the backward
+// 1225 -> 1036 us there, 4816 -> 4025 us at B 8 x T 4096 x H 16).
 //
 // Shared memory (the phases below; every region 128-byte aligned), 219 KB at Dk = Dv = 128:
 //   R0 K~ (bf16)                      R1 dK (fp32 accumulator, the whole kernel)
@@ -1832,25 +1861,29 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
     };
   };
 
-  // Phase 0: stage K~, U~, dS, S0, dO.
+  // Phase 0: stage K~, U~, dS, S0 (two tiles' loads in flight together), dO. Each later phase's
+  // loads from memory are asked of L2 a phase or more ahead (below).
   grad_events(a, c, ch, beta, dG, dbeta, tok);
-  to_bf16_tile(Kh, lbK, a.Kc + ch * kE * Dk, Dk, kE, Dk);
-  to_bf16_tile(R5, lbV, a.Ut + ch * kE * Dv, Dv, kE, Dv);
-  to_bf16_tile(dSh, lbV, dS, Dv, Dk, Dv);
-  to_bf16_tile(S0h, lbV, S0, Dv, Dk, Dv);
+  stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
+        stage_tile(a.Ut + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R5, lbV)));
+  stage(stage_tile(dS, Dk, Dv, row_stride(Dv), bf16_rows(dSh, lbV)),
+        stage_tile(S0, Dk, Dv, row_stride(Dv), bf16_rows(S0h, lbV)));
   stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
                     [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
   load_decays(a, ch, G, gam, D);
   float dGL = grad_gate_of_state(gated, dS, S0, Dk * Dv, gam, red);
   __syncthreads();
   // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
+  prefetch_l2(Qc, Rp, Dk, row_stride(Dk));
+  prefetch_l2(a.dUt + ch * kE * Dv, kE, Dv, row_stride(Dv));
+  if (a.accumulate) prefetch_l2(a.dq, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
   mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
   mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), {TermS{R6, lbV, S0h, lbV, Dv}});
   mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), {TermS{R6, lbV, R5, lbV, Dv}});
   __syncthreads();
   // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
-  to_bf16_tile(Qh, lbK, Qc, Dk, Rp, Dk);
-  to_bf16_tile(R4b, lbV, a.dUt + ch * kE * Dv, Dv, kE, Dv);
+  stage(stage_tile(Qc, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
+        stage_tile(a.dUt + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R4b, lbV)));
   auto key = [&](int i, int col) { return __bfloat162float(Kh[i * lbK + col]); };  // k~: exact in bf16
   dGL += grad_scale_dk(gated, dK, ldK, Dk, key, D, tok, dG, red);
   grad_scale_dq(a, c, R2, ldK, Qc, gam, dG);
@@ -1873,6 +1906,11 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   __syncthreads();
   // Phase 3: the gate's sums of e; dQ += dP K, dK += dP^T Q, dW = -dU~ S0^T (U~ = U - W S0).
   grad_gate_of_e(gated, P1, Rp, nh, dG);
+  prefetch_l2(a.Tm + ch * kE * kE, kE, kE, row_stride(kE));
+  prefetch_l2(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv));
+  prefetch_l2(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk));
+  prefetch_l2(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
+  if (a.accumulate) prefetch_l2(a.dv, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
   mm_s_to<false, false>(Rp, Dk, add(R2, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
   mm_s_to<true, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Qh, lbK, Rp}});
   mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), {TermS{R4b, lbV, S0h, lbV, Dv}});
@@ -1888,13 +1926,12 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   __syncthreads();
   // Phase 6: stage U and W; per event: dv = beta dX; dbeta = dX . v + gamma dY . k;
   // dK += beta gamma dY; dG += beta gamma dY . k.
-  to_bf16_tile(R4b, lbV, a.U + ch * kE * Dv, Dv, kE, Dv);
-  to_bf16_tile(R5, lbK, a.W + ch * kE * Dk, Dk, kE, Dk);
-  grad_event_terms(a, b, h, c, R2, ldV, dY, ldK, key, dK, ldK, beta, gam, dbeta, dG, [&](int, int col, long long vrow, float x) {
-    if (vrow >= 0) a.dv[vrow + col] = a.accumulate ? a.dv[vrow + col] + x : x;
-  });
+  stage(stage_tile(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R4b, lbV)),
+        stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(R5, lbK)));
+  grad_event_terms(a, b, h, c, R2, ldV, dY, ldK, key, dK, ldK, beta, gam, dbeta, dG, nullptr, 0);
   __syncthreads();
   // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
+  if (a.accumulate) prefetch_l2(a.dk, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
   mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), {TermS{R6, lbV, R4b, lbV, Dv}, TermS{dYh, lbK, R5, lbK, Dk}});
   __syncthreads();
   // Phase 8: M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij (e2 = dM_ij A_ij
