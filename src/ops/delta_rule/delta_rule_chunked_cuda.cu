@@ -563,6 +563,25 @@ __device__ void stage(const S&... s) {
   for (int r0 = warp; r0 < rows; r0 += 4 * nw)
     for (int q = lane; q < c4; q += 32) stage_step(r0, q, nw, s...);
 }
+// One tile of stage whose loads a lane holds in registers across other work: load() early, put()
+// later converts and stores them. Only where one pass of the block covers the tile (rows up to 4
+// a warp, 4 columns a lane); otherwise put() stages it then.
+template <class T>
+struct HeldTile {
+  T t;
+  float4 v[4];
+  bool held;
+  __device__ __forceinline__ explicit HeldTile(const T& tile) : t(tile), held(tile.rows <= 4 * nwarps() && tile.c4 <= 32) {}
+  __device__ __forceinline__ void load() {
+    if (held) t.load(v, threadIdx.x >> 5, threadIdx.x & 31, nwarps());
+  }
+  __device__ __forceinline__ void put() {
+    if (held)
+      t.store(v, threadIdx.x >> 5, threadIdx.x & 31, nwarps());
+    else
+      stage(t);
+  }
+};
 // Asks L2 for the lines of rows x cols fp32 values (row r at src + rowoff(r), skipped where < 0;
 // one request per 128 bytes of a row), by all threads of the block, without waiting for them.
 template <class RowOff>
@@ -808,29 +827,59 @@ __device__ void prep_decays(const Args& a, size_t ch, double* G, const float* be
 __device__ __forceinline__ void form_mt(const float* As, float* Mt, const float* beta, const double* G) {
   each(kE, kE, [&](int i, int j) { Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * expf(float(G[i] - G[j])) : 0.f; });
 }
-// Tn = Tinv = (I + M)^-1 column by column: x_j = delta_jc - sum_{m<j} M_jm x_m. Warp w solves
-// columns w, w+8, ... at once; lane l keeps the running sums of rows l and l+32. Blocks of
-// kPrepThreads; no barrier.
+// Tn = Tinv = (I + M)^-1 (Mt: M transposed, strictly lower M) in blocks of 16 rows, all in fp32:
+// first the four diagonal blocks' inverses by substitution (x_j = delta_jc - sum_{m<j} M_jm x_m, 16
+// steps: warp w takes columns 8w..8w+7, a half-warp one column, lane r the running sum of the
+// block's row r), then the blocks below them a diagonal at a time, T_ij = -T_ii sum_{k=j}^{i-1} M_ik
+// T_kj, the sums kept in the zero blocks above the diagonal (cleared at the end). The substitution
+// over all 64 rows (64 dependent steps of a shuffle and two FMAs) was a quarter of the bf16-tile
+// prep kernel's stall samples (ncu, H200, B 8 x T 2048 x H 8); predicted from them -19 % for that
+// kernel, seen (with V asked of L2 at its start) 350 -> 313 us there, 1304 -> 1175 us at B 8 x
+// T 4096 x H 16. Blocks of kPrepThreads threads; ends without a barrier.
 __device__ __forceinline__ void solve_tinv(const float* Mt, float* Tn) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr int QN = kE / (kPrepThreads / 32);
-  float s0[QN], s1[QN];
+  static_assert(kPrepThreads == 256 && kE == 64, "8 warps of 8 columns; 16 x 16 blocks a thread each entry");
+  constexpr int kB = 16;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15, half = lane & 16;
+  {
+    const int blk = warp >> 1, base = blk * kB;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int t = 0; t < kB; ++t) {
+      const int j = base + t;
+      const float m = Mt[j * kLdE + base + r];
 #pragma unroll
-  for (int qq = 0; qq < QN; ++qq) s0[qq] = s1[qq] = 0.f;
-  for (int j = 0; j < kE; ++j) {
-    const float m0 = Mt[j * kLdE + lane], m1 = Mt[j * kLdE + lane + 32];
-    const int owner = j & 31;
-    const bool hi = j >= 32;
-#pragma unroll
-    for (int qq = 0; qq < QN; ++qq) {
-      const int col = warp + kPrepThreads / 32 * qq;
-      const float cand = hi ? float(lane + 32 == col) - s1[qq] : float(lane == col) - s0[qq];
-      const float xj = __shfl_sync(kFull, cand, owner);
-      if (lane == owner) Tn[j * kLdE + col] = xj;
-      s0[qq] += m0 * xj;
-      s1[qq] += m1 * xj;
+      for (int qq = 0; qq < 4; ++qq) {
+        const int col = warp * 8 + qq * 2 + (half >> 4);
+        const float x = __shfl_sync(kFull, float(t == (col & 15)) - s[qq], half + t);
+        if (r == t) Tn[j * kLdE + col] = x;
+        s[qq] += m * x;
+      }
     }
   }
+  __syncthreads();
+  for (int d = 1; d < kE / kB; ++d) {
+    const int n = (kE / kB - d) * kB * kB;  // entries of this diagonal's blocks
+    for (int e = tid; e < n; e += kPrepThreads) {
+      const int j = e >> 8, i = j + d, rr = (e >> 4) & 15, cc = e & 15;
+      float x = 0.f;
+      for (int k = j; k < i; ++k)
+#pragma unroll
+        for (int u = 0; u < kB; ++u) x += Mt[(k * kB + u) * kLdE + i * kB + rr] * Tn[(k * kB + u) * kLdE + j * kB + cc];
+      Tn[(j * kB + rr) * kLdE + i * kB + cc] = x;  // the sum, in block (j, i) above the diagonal
+    }
+    __syncthreads();
+    for (int e = tid; e < n; e += kPrepThreads) {
+      const int j = e >> 8, i = j + d, rr = (e >> 4) & 15, cc = e & 15;
+      float x = 0.f;
+#pragma unroll
+      for (int u = 0; u < kB; ++u) x += Tn[(i * kB + rr) * kLdE + i * kB + u] * Tn[(j * kB + u) * kLdE + i * kB + cc];
+      Tn[(i * kB + rr) * kLdE + j * kB + cc] = -x;
+    }
+    __syncthreads();
+  }
+  each(kE, kE, [&](int row, int col) {
+    if ((row >> 4) < (col >> 4)) Tn[row * kLdE + col] = 0.f;
+  });
 }
 
 template <Mma MM>
@@ -924,6 +973,7 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
 
   float* Kg = a.Kc + ch * kE * Dk;
   float* Qg = a.Qc + ch * size_t(Rp) * Dk;
+  prefetch_l2(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });  // staged after the solve
   gather_rows(X, ldx, nullptr, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
   stage_rows<false>(a.q, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); }, [&](int r, int col, float4 v) {
     *reinterpret_cast<float4*>(Qg + size_t(r) * Dk + col) = v;
@@ -1062,9 +1112,11 @@ __device__ __forceinline__ auto decayed_state(float* S, int ldS, bf16* hi, bf16*
 // products on operands staged as bf16 parts and remainders (ldmatrix), at the carry's accuracy ----
 // Per chunk: A: U~ = U - W S (three bf16 products on split W and S), written out in fp32 and, times
 // D, as a bf16 part and remainder; B: S = gamma_63 S + K~^T diag(D) U~ (two: K~ is bf16 already),
-// fp32 in shared memory and as parts. K~ of chunk c is staged during phase A of chunk c, W and U
-// (U by cp.async, as fp32) of chunk c + 1 during phase B of chunk c, each asked of L2 a phase
-// ahead. (H200, the same call: 338 -> 308 us at B 8 x T 2048 x H 8, 1326 -> 1187 us at B 8 x
+// fp32 in shared memory and as parts. K~ of chunk c is loaded at the start of phase A of chunk c
+// and W of chunk c + 1 at the start of phase B of chunk c, each held in registers over the
+// phase's products and stored after them (U of chunk c + 1 by cp.async, as fp32), each asked of L2
+// a phase ahead (H200: 307 -> 280 us at B 8 x T 2048 x H 8, 1179 -> 1090 us at B 8 x T 4096 x
+// H 16, against staging each after the products). (H200, the same call: 338 -> 308 us at B 8 x T 2048 x H 8, 1326 -> 1187 us at B 8 x
 // T 4096 x H 16. In blocks of 32 columns, two per SM, 1384 us: not taken. Nor where blocks of 64
 // columns leave SMs idle, in blocks of 32 columns of 8 warps, two per SM: B 8 x T 2048 x H 8, 128 ->
 // 256 blocks, 297 -> 399 us under ncu, the forward 784 -> 887 us: each block still stages every
@@ -1100,12 +1152,14 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
   __shared__ float gam[2][kE], D[2][kE];
   auto chunk = [&](int c) { return size_t(bh) * a.NC + c; };
   // Phase A's operands of chunk c: -W as a bf16 part and remainder, U (cp.async: the caller
-  // commits and waits), the decays.
-  auto stage_w = [&](int c) {
-    const size_t ch = chunk(c);
-    walk_decays(a.G + ch * kE, gam[c & 1], D[c & 1]);
-    copy_async(Uf, ldS, a.U + ch * kE * Dv + c0, Dv, kE, BV);
-    stage(stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), negated_split_rows(Whi, Wlo, lbK)));
+  // commits and waits), the decays. Phase B's: K~.
+  auto w_tile = [&](int c) {
+    return stage_tile(a.W + chunk(c) * kE * Dk, kE, Dk, row_stride(Dk), negated_split_rows(Whi, Wlo, lbK));
+  };
+  auto k_tile = [&](int c) { return stage_tile(a.Kc + chunk(c) * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)); };
+  auto decays_and_u = [&](int c) {
+    walk_decays(a.G + chunk(c) * kE, gam[c & 1], D[c & 1]);
+    copy_async(Uf, ldS, a.U + chunk(c) * kE * Dv + c0, Dv, kE, BV);
   };
   const float* init = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
   each(Dk, BV, [&](int r, int col) {
@@ -1115,15 +1169,19 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     Shi[r * lbS + col] = hi;
     Slo[r * lbS + col] = __float2bfloat16_rn(x - __bfloat162float(hi));
   });
-  stage_w(0);
+  decays_and_u(0);
+  stage(w_tile(0));
   __pipeline_commit();
   __pipeline_wait_prior(0);
   __syncthreads();
   for (int c = 0; c < a.NC; ++c) {
     const size_t ch = chunk(c);
-    // Phase A: S (the chunk's start) out; U~ = U - W S. (The next chunk's W and U, and then K, are
-    // asked of L2 a phase before they are staged: phase B's product has a strip for every warp.)
-    if (c + 1 < a.NC) {
+    const bool next = c + 1 < a.NC;
+    // Phase A: S (the chunk's start) out; U~ = U - W S. The chunk's K~ is loaded meanwhile (held in
+    // registers, stored after the products), the next chunk's W and U asked of L2.
+    HeldTile<decltype(k_tile(c))> kt(k_tile(c));
+    kt.load();
+    if (next) {
       prefetch_l2(a.W + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
       prefetch_l2(a.U + (ch + 1) * kE * Dv + c0, kE, BV, row_stride(Dv));
     }
@@ -1141,16 +1199,22 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
           },
           {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
     }
-    stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)));
+    kt.put();
     __syncthreads();
-    // Phase B: S = gamma_63 S + K^T diag(D) U~.
-    if (c + 1 < a.NC) prefetch_l2(a.Kc + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
+    // Phase B: S = gamma_63 S + K^T diag(D) U~. The next chunk's W is loaded meanwhile (held, then
+    // split and stored), its U copied (cp.async) and its decays formed; its K~ asked of L2.
+    HeldTile<decltype(w_tile(c))> wt(w_tile(next ? c + 1 : c));
+    if (next) {
+      wt.load();
+      decays_and_u(c + 1);
+      prefetch_l2(a.Kc + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
+    }
     const float g63 = gam[c & 1][kE - 1];
     mm_s_to<true, false>(
         Dk, BV,
         decayed_state(S, ldS, Shi, Slo, lbS, g63),
         {TermS{Kh, lbK, Ulo, lbS, kE}, TermS{Kh, lbK, Uhi, lbS, kE}});
-    if (c + 1 < a.NC) stage_w(c + 1);
+    if (next) wt.put();
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
