@@ -1853,7 +1853,9 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
 // the two products F K and F^T K are one, (F + F^T) K. Tiles are staged two at a time (their loads
 // in flight together), each phase's later loads asked of L2 a phase or more ahead, and the event
 // terms load a row's values at once (H200, ncu at B 8 x T 2048 x H 8: 856 -> 677 us; the backward
-// 1225 -> 1036 us there, 4816 -> 4025 us at B 8 x T 4096 x H 16).
+// 1225 -> 1036 us there, 4816 -> 4025 us at B 8 x T 4096 x H 16). Tried and not kept: a persistent
+// form (a block an SM taking chunk after chunk, asking L2 for the next one's first operands during
+// phase 6): 669 -> 669 us and 2549 -> 2541 us, its waits on memory moved to the barriers.
 //
 // Shared memory (the phases below; every region 128-byte aligned), 219 KB at Dk = Dv = 128:
 //   R0 K~ (bf16)                      R1 dK (fp32 accumulator, the whole kernel)
