@@ -68,7 +68,7 @@ TEST(ModelCuda, LongSequencesTakeTheChunkedDeltaRule) {
 // chunked path of a language model's training step) the bounds of the bf16 model test below
 // (DeltaNetMatchesCpuWithBf16Gemms, whose worst DeltaNet gradient was 2.5e-2) and 1e-2 of the
 // loss; a wiring error (a chunk's rows or scale wrong, a gradient missing) is of order 1.
-TEST(ModelCuda, ChunkedLmHeadMatchesCpu) {
+TEST(ModelCuda, LmHeadChunkedAndWholeMatchesCpu) {
   LRNN_REQUIRE_GPU();
   for (const auto prec : {cuda::GemmPrecision::FP32, cuda::GemmPrecision::BF16})
   for (const int vocab : {300, 2500})
