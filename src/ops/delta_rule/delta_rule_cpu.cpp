@@ -119,6 +119,22 @@ size_t delta_rule_ckpt_size(const DeltaRuleDims& d) {
   return std::max(delta_rule_recurrent_ckpt_size(d), delta_rule_gpu_chunked_ckpt_size(d));
 }
 
+// Asks the caches for n values at p, a request per 64-byte line. The backward's token loops ask for
+// the next token's rows a token ahead: in a training step they come from memory (activations of a
+// whole batch), and perf had the P1 step's delta rule backward waiting on those loads (with this,
+// its share of the step 11.0 -> 8.8 %, the step about -3 %; the same in the forward changed
+// nothing, and the op alone on small cached inputs is not the case this serves).
+template <class T>
+inline void prefetch_row(const T* p, int n) {
+  for (int c = 0; c < n; c += int(64 / sizeof(T))) __builtin_prefetch(p + c);
+}
+// Token t's q, k and v rows (every sub-step's).
+template <class T>
+inline void prefetch_token_inputs(const Seq<T>& s, int t, int Dk, int Dv, int nh) {
+  prefetch_row(s.qt(t), Dk);
+  for (int j = 0; j < nh; ++j) prefetch_row(s.kt(t, j), Dk), prefetch_row(s.vt(t, j), Dv);
+}
+
 // DK, DV > 0: head dims known at compile time (the loops unroll and vectorise fully); 0: any.
 template <class T, int DK, int DV>
 static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
@@ -192,6 +208,7 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
         const int t0 = c * kChunk, t1 = std::min(Tn, t0 + kChunk);
         std::copy_n(starts + c * SS, SS, st);
         for (int t = t0; t < t1; ++t) {
+          if (t + 1 < t1) prefetch_token_inputs(s, t + 1, Dk, Dv, nh);
           T* base = st + size_t(t - t0) * ev * SS;  // state before token t
           if (g) {
             const T a = std::exp(s.gt(t));
@@ -205,6 +222,12 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
           }
         }
         for (int t = t1 - 1; t >= t0; --t) {
+          if (t > 0) {  // the previous token's rows (its k and v are cached by the recompute above)
+            prefetch_row(s.qt(t - 1), Dk), prefetch_row(dq + off.q + (t - 1) * s.lq, Dk);
+            prefetch_row(dout + ((size_t(b) * Tn + t - 1) * H + h) * Dv, Dv);
+            for (int j = 0; j < nh; ++j)
+              prefetch_row(dk + off.k + s.kidx(t - 1, j), Dk), prefetch_row(dv + off.v + s.vidx(t - 1, j), Dv);
+          }
           const T* base = st + size_t(t - t0) * ev * SS;
           const T* Spost = base + size_t(ev) * SS;  // state after token t
           // o_t = scale S^T q:  dS += scale q do^T ; dq = scale S do
