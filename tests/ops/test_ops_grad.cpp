@@ -319,6 +319,30 @@ TEST(TreeSum, FixedOrderAtEveryLength) {
   }
 }
 
+// add_tree_sums16 (sixteen rows' tree_sums at once, their final trees by shuffles) must give each
+// row tree_sum's bits: out[r] + f * tree_sum(row r), in float, for rows of 16, 32 and 128 terms with
+// a term of the delta rule backward's form (a difference of products), f = 1 and f = 0.37; and in
+// double, where it is tree_sum row by row.
+TEST(TreeSum, SixteenRowsAtOnceEqualEachRow) {
+  for (size_t n : {size_t(16), size_t(32), size_t(128)})
+    for (float f : {1.0f, 0.37f}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " f " + std::to_string(f));
+      const auto ad = randn(16 * n, 7 + n), bd = randn(n, 8 + n), cd = randn(16 * n, 9 + n), ed = randn(n, 10 + n);
+      const auto od = randn(16, 11 + n);
+      std::vector<float> a(ad.begin(), ad.end()), b(bd.begin(), bd.end()), c(cd.begin(), cd.end()), e(ed.begin(), ed.end());
+      auto term = [&](int r, size_t k) { return a[r * n + k] * b[k] - c[r * n + k] * e[k]; };
+      std::vector<float> got(od.begin(), od.end()), want(od.begin(), od.end());
+      add_tree_sums16<float>(got.data(), f, term, n);
+      for (int r = 0; r < 16; ++r) want[r] += f * tree_sum<float>([&](size_t k) { return term(r, k); }, n);
+      for (int r = 0; r < 16; ++r) EXPECT_EQ(std::memcmp(&got[r], &want[r], sizeof(float)), 0) << "row " << r << ": " << got[r] << " vs " << want[r];
+      std::vector<double> gd(od.begin(), od.end()), wd(od.begin(), od.end());
+      auto termd = [&](int r, size_t k) { return ad[r * n + k] * bd[k] - cd[r * n + k] * ed[k]; };
+      add_tree_sums16<double>(gd.data(), 0.37, termd, n);
+      for (int r = 0; r < 16; ++r) wd[r] += 0.37 * tree_sum<double>([&](size_t k) { return termd(r, k); }, n);
+      for (int r = 0; r < 16; ++r) EXPECT_EQ(gd[r], wd[r]);
+    }
+}
+
 TEST(DeltaRule, BackwardWithForwardCheckpointsEqualsRecompute) {
   auto in = make_delta(2, 53, 2, 4, 3, 2, EigenRange::Signed, true, 50);
   auto& d = in.d;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace lrnn::ops {
 
@@ -63,6 +64,52 @@ template <class T, class Term>
     for (int l = 0; l < w; ++l) p[l] += p[l + w];
   }
   return p[0];
+}
+
+// tree_sum of 16 rows at once: out[r] += f * tree_sum(term(r, ·), n) for r in [0, 16), the same
+// sums in the same order (bit for bit), but the rows' final trees are taken together — each level
+// adds two vectors of lanes gathered from two rows' partial sums by shuffles — instead of one
+// horizontal reduction a row (for rows of 32 floats, those reductions and their round trips
+// through the stack were the delta rule backward's largest cost per row under perf). n a multiple
+// of 16; float only (other types call tree_sum row by row).
+template <class T, class Term>
+[[gnu::always_inline]] inline void add_tree_sums16(T* out, T f, Term term, size_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int r = 0; r < 16; ++r) out[r] += f * tree_sum<T>([&](size_t c) { return term(r, c); }, n);
+  } else {
+    typedef float v16 __attribute__((vector_size(64)));
+    v16 v[16];
+    for (int r = 0; r < 16; ++r) {
+      float p[16] = {};
+      for (size_t c = 0; c < n; c += 16) {
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) p[l] += term(r, c + l);
+      }
+      std::memcpy(&v[r], p, sizeof p);
+    }
+    // Level 8: rows 2i | 2i+1, lanes 0-7 each (p[l] + p[l + 8]).
+    v16 u[8];
+    for (int i = 0; i < 8; ++i)
+      u[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    // Level 4: rows 4i .. 4i+3, four lanes each.
+    v16 x[4];
+    for (int i = 0; i < 4; ++i)
+      x[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    // Level 2: rows 8i .. 8i+7, two lanes each.
+    v16 y[2];
+    for (int i = 0; i < 2; ++i)
+      y[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+             __builtin_shufflevector(x[2 * i], x[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    // Level 1: lane r is row r.
+    const v16 z = __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+                  __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    v16 o;
+    std::memcpy(&o, out, sizeof o);
+    o += f * z;
+    std::memcpy(out, &o, sizeof o);
+  }
 }
 
 // Eigenvalue range of a transition: [0,1] (β = σ(·)) or [-1,1] (β = 2σ(·)). One enum, used as a

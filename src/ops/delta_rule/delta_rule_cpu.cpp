@@ -168,6 +168,15 @@ static void forward_impl(T* o, const T* q, const T* k, const T* v, const T* beta
   }
 }
 
+// out[i] += f * tree_sum(term(i, ·), n) for i in [0, rows): sixteen rows at a time where n allows.
+template <class T, class Term>
+[[gnu::always_inline]] inline void row_sums(T* out, T f, Term term, int rows, int n) {
+  int i = 0;
+  if (n % 16 == 0)
+    for (; i + 16 <= rows; i += 16) add_tree_sums16<T>(out + i, f, [&](int r, size_t c) { return term(i + r, c); }, size_t(n));
+  for (; i < rows; ++i) out[i] += f * tree_sum<T>([&](size_t c) { return term(i, c); }, size_t(n));
+}
+
 template <class T, int DK, int DV>
 static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* dout, const T* q,
                           const T* k, const T* v, const T* beta_logit, const T* g,
@@ -235,13 +244,12 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
           const T* qq = s.qt(t);
           T* dqq = dq + off.q + t * s.lq;
           for (int i = 0; i < Dk; ++i) {
-            const T* Si = Spost + size_t(i) * Dv;
             T* dSi = dS + size_t(i) * Dv;
             const T sq = scale * qq[i];
 #pragma omp simd
             for (int c = 0; c < Dv; ++c) dSi[c] += sq * dot_[c];
-            dqq[i] += scale * tree_sum<T>([&](size_t c) { return Si[c] * dot_[c]; }, Dv);
           }
+          row_sums(dqq, scale, [&](int i, size_t c) { return Spost[size_t(i) * Dv + c] * dot_[c]; }, Dk, Dv);
           for (int j = nh - 1; j >= 0; --j) {
             const T* Sprev = base + size_t((g ? 1 : 0) + j) * SS;
             const T* u = us + (size_t(t - t0) * nh + j) * Dv;
@@ -257,11 +265,8 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
             const T dbeta = tree_sum<T>([&](size_t c) { return w[c] * u[c]; }, Dv);
             // dk_i = dS_i . (beta u) - Sprev_i . du (one sum a row) ; dS -= k du^T
             T* dkk = dk + off.k + s.kidx(t, j);
-            for (int i = 0; i < Dk; ++i) {
-              const T* dSi = dS + size_t(i) * Dv;
-              const T* Si = Sprev + size_t(i) * Dv;
-              dkk[i] += tree_sum<T>([&](size_t c) { return dSi[c] * bu[c] - Si[c] * du[c]; }, Dv);
-            }
+            row_sums(dkk, T(1), [&](int i, size_t c) { return dS[size_t(i) * Dv + c] * bu[c] - Sprev[size_t(i) * Dv + c] * du[c]; },
+                     Dk, Dv);
             for (int i = 0; i < Dk; ++i) {
               const T ki = kk[i];
               T* dSi = dS + size_t(i) * Dv;
