@@ -236,7 +236,8 @@ TEST(DeltaRuleChunked, ParityTrackerThroughTenThousandTokens) {
 }
 
 // delta_rule_forward / delta_rule_backward choose by shape (delta_rule_chunked_pays): the chunked
-// form for heads of 128 (64 with a forget gate) once a chunk is full, the recurrent loop otherwise.
+// form for heads of 128 once a chunk is full, the recurrent loop otherwise (also at head dim 64 with a
+// forget gate).
 TEST(DeltaRuleChunked, TheOpChoosesByShape) {
   auto same_as = [](const Inputs& in, bool chunk) {
     const Result by_op = run(in, delta_rule_forward<double>,
@@ -249,11 +250,12 @@ TEST(DeltaRuleChunked, TheOpChoosesByShape) {
     return by_op.o == want.o && by_op.dk == want.dk && by_op.dg == want.dg;
   };
   EXPECT_TRUE(same_as(Inputs(dims(1, 64, 1, 128, 128, 1, EigenRange::Signed), 30, false), true));
-  EXPECT_TRUE(same_as(Inputs(dims(1, 64, 1, 64, 64, 1, EigenRange::Signed), 31, true), true));
+  EXPECT_TRUE(same_as(Inputs(dims(1, 64, 1, 64, 64, 1, EigenRange::Signed), 31, true), false));
   EXPECT_TRUE(same_as(Inputs(dims(1, 64, 1, 64, 64, 1, EigenRange::Signed), 32, false), false));
   EXPECT_TRUE(same_as(Inputs(dims(1, 63, 1, 128, 128, 1, EigenRange::Signed), 33, false), false));
   EXPECT_TRUE(same_as(Inputs(dims(2, 200, 2, 32, 32, 2, EigenRange::Signed), 34, true), false));
-  EXPECT_TRUE(delta_rule_chunked_pays(dims(1, 32, 1, 128, 128, 2, EigenRange::Unit), false));  // 32 tokens of 2 sub-steps
+  EXPECT_TRUE(same_as(Inputs(dims(1, 64, 1, 128, 128, 1, EigenRange::Signed), 35, true), true));
+  EXPECT_TRUE(delta_rule_chunked_pays(dims(1, 32, 1, 128, 128, 2, EigenRange::Unit)));  // 32 tokens of 2 sub-steps
   EXPECT_EQ(delta_rule_chunk_tokens(1), 64);
   EXPECT_EQ(delta_rule_chunk_tokens(2), 32);
   EXPECT_EQ(delta_rule_chunk_tokens(3), 16);

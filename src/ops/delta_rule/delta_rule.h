@@ -134,7 +134,7 @@ void delta_rule_backward_varlen(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, cons
 // one keeps the state at the start of each of its chunks in the same buffer).
 constexpr int kDeltaChunkedEvents = 64;
 int delta_rule_chunk_tokens(int n_h);  // tokens per chunk: a multiple of kDeltaChunk
-bool delta_rule_chunked_pays(const DeltaRuleDims& d, bool gated);  // gated: g != null
+bool delta_rule_chunked_pays(const DeltaRuleDims& d);
 // Which algorithm the two functions above run: Auto (by shape), or always one of them (tests run
 // whole models through either). Process-wide; not for concurrent use.
 enum class DeltaAlgorithm { Auto, Recurrent, Chunked };

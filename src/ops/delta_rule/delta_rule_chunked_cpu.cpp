@@ -169,12 +169,16 @@ int delta_rule_chunk_tokens(int n_h) {
 //   head dim 64, T 512, forget gate:      112 vs 71       (chunked 1.6x)
 //   head dim 128, T 2048, no gate:        207 vs 131      (chunked 1.6x)
 //   head dim 128, T 2048, gate, n_h 2:    527 vs 242      (chunked 2.2x)
-// so the chunked form takes gated heads from 64 and all heads from 128, once a chunk is full.
+// so the chunked form took gated heads from 64 and all heads from 128, once a chunk was full.
 // Re-measured after the recurrent backward's sums became trees (2026-11-29, AMD EPYC with AVX-512,
 // median of 3): head dim 64, T 512: 27 vs 31 ms without a gate, 38 vs 38 with one; head dim 128,
-// T 2048: 94 vs 80, with a gate and n_h 2: 199 vs 145. The rule stands (gated head dim 64 is even).
-bool delta_rule_chunked_pays(const DeltaRuleDims& d, bool gated) {
-  return d.T >= delta_rule_chunk_tokens(d.n_h) && std::min(d.Dk, d.Dv) >= (gated ? 64 : 128);
+// T 2048: 94 vs 80, with a gate and n_h 2: 199 vs 145. Again after its dq and dk rows were summed
+// sixteen at a time (2026-11-29, the same machine, median of 3): head dim 64, T 512: 22 vs 30 ms
+// without a gate, 33 vs 38 with one; head dim 128, T 2048: 92 vs 81, with a gate and n_h 2: 193 vs
+// 147. So the chunked form takes all heads from head dim 128 (gated head dim 64 is now the
+// recurrent loop's, 1.14x), once a chunk is full.
+bool delta_rule_chunked_pays(const DeltaRuleDims& d) {
+  return d.T >= delta_rule_chunk_tokens(d.n_h) && std::min(d.Dk, d.Dv) >= 128;
 }
 
 template <class T>

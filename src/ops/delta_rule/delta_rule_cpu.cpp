@@ -310,11 +310,11 @@ void delta_rule_forward_recurrent(T* o, const T* q, const T* k, const T* v, cons
 
 namespace {
 std::atomic<int> g_algorithm{int(DeltaAlgorithm::Auto)};
-bool use_chunked(const DeltaRuleDims& d, bool gated) {
+bool use_chunked(const DeltaRuleDims& d) {
   switch (DeltaAlgorithm(g_algorithm.load())) {
     case DeltaAlgorithm::Chunked: return true;
     case DeltaAlgorithm::Recurrent: return false;
-    default: return delta_rule_chunked_pays(d, gated);
+    default: return delta_rule_chunked_pays(d);
   }
 }
 }  // namespace
@@ -324,7 +324,7 @@ void set_delta_rule_algorithm(DeltaAlgorithm a) { g_algorithm.store(int(a)); }
 template <class T>
 void delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* beta_logit, const T* g,
                         const DeltaRuleDims& d, T* ckpt, T* state) {
-  if (use_chunked(d, g != nullptr)) delta_rule_forward_chunked(o, q, k, v, beta_logit, g, d, ckpt, state);
+  if (use_chunked(d)) delta_rule_forward_chunked(o, q, k, v, beta_logit, g, d, ckpt, state);
   else delta_rule_forward_recurrent(o, q, k, v, beta_logit, g, d, ckpt, state);
 }
 
@@ -347,7 +347,7 @@ void delta_rule_backward(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* do
     zero_rows(dbeta_logit, N, n * H, d.lb());
     if (g) zero_rows(dg, N, H, H);
   }
-  if (use_chunked(d, g != nullptr)) delta_rule_backward_chunked(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved);
+  if (use_chunked(d)) delta_rule_backward_chunked(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved);
   else delta_rule_backward_recurrent(dq, dk, dv, dbeta_logit, dg, dout, q, k, v, beta_logit, g, d, saved);
 }
 
