@@ -1115,11 +1115,12 @@ __device__ __forceinline__ auto decayed_state(float* S, int ldS, bf16* hi, bf16*
 // fp32 in shared memory and as parts. K~ of chunk c is loaded at the start of phase A of chunk c
 // and W of chunk c + 1 at the start of phase B of chunk c, each held in registers over the
 // phase's products and stored after them (U of chunk c + 1 by cp.async, as fp32), each asked of L2
-// a phase ahead (H200: 307 -> 280 us at B 8 x T 2048 x H 8, 1179 -> 1090 us at B 8 x T 4096 x
-// H 16, against staging each after the products). (H200, the same call: 338 -> 308 us at B 8 x T 2048 x H 8, 1326 -> 1187 us at B 8 x
-// T 4096 x H 16. In blocks of 32 columns, two per SM, 1384 us: not taken. Nor where blocks of 64
-// columns leave SMs idle, in blocks of 32 columns of 8 warps, two per SM: B 8 x T 2048 x H 8, 128 ->
-// 256 blocks, 297 -> 399 us under ncu, the forward 784 -> 887 us: each block still stages every
+// a phase ahead. (H200, each against the form before in one call: staging each operand in the
+// phase that does not read it, 338 -> 308 us at B 8 x T 2048 x H 8 and 1326 -> 1187 us at B 8 x
+// T 4096 x H 16; holding its loads in registers over the products, 307 -> 280 and 1179 -> 1090 us.
+// Not taken: blocks of 32 columns, two per SM, 1384 us at the larger shape; nor, where blocks of 64
+// columns leave SMs idle, blocks of 32 columns of 8 warps, two per SM: at the smaller shape 128 ->
+// 256 blocks, 297 -> 399 us under ncu, the forward 784 -> 887 us — each block still stages every
 // chunk's W and K, and the chain of chunks is no shorter.)
 struct StateSLayout {
   size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
