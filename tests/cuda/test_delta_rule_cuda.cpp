@@ -685,6 +685,39 @@ TEST(DeltaRuleCudaChunked, RefusesWhatItCannotDo) {
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
 
+// Under bf16 products the chunked kernels keep the states in the checkpoint as bf16, so a backward
+// under another GEMM precision than its forward's would misread them: it must refuse, both ways.
+TEST(DeltaRuleCudaChunked, BackwardRefusesACheckpointOfAnotherPrecision) {
+  LRNN_REQUIRE_GPU();
+  using lrnn::cuda::GemmPrecision;
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+  const DeltaRuleDims d = dims(1, 128, 1, 128, 128, 1, EigenRange::Signed);
+  const size_t n = size_t(d.T) * 128;
+  auto q = to_device(randn(n, 1, 1.0, 1)), k = to_device(randn(n, 1, 0.2, 2)), v = to_device(randn(n, 1, 1.0, 3)),
+       bl = to_device(randn(size_t(d.T), 1, 1.0, 4)), dout = to_device(randn(n, 1, 1.0, 5));
+  Buffer<float> o(n), ck(lrnn::ops::delta_rule_ckpt_size(d)), dq(n), dk(n), dv(n), db(size_t(d.T));
+  auto fwd = [&] { lrnn::ops::cuda::delta_rule_forward(o.data(), q.data(), k.data(), v.data(), bl.data(), nullptr, d, ck.data()); };
+  auto bwd = [&] {
+    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), nullptr, dout.data(), q.data(),
+                                         k.data(), v.data(), bl.data(), nullptr, d, ck.data(), false);
+  };
+  const std::pair<GemmPrecision, GemmPrecision> cases[] = {{GemmPrecision::TF32, GemmPrecision::BF16},
+                                                           {GemmPrecision::BF16, GemmPrecision::TF32},
+                                                           {GemmPrecision::BF16, GemmPrecision::BF16}};
+  for (const auto& [pf, pb] : cases) {
+    lrnn::cuda::set_gemm_precision(pf);
+    fwd();
+    lrnn::cuda::set_gemm_precision(pb);
+    if (pf == pb)
+      EXPECT_NO_THROW(bwd());
+    else
+      EXPECT_THROW(bwd(), lrnn::Error);
+  }
+  lrnn::cuda::synchronize();
+  lrnn::cuda::set_gemm_precision(GemmPrecision::TF32);
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+}
+
 // The fast products' error, TF32 and bf16. The rule: the fast path's error against an fp64
 // reference is at most about that of a straightforward implementation at the same input
 // precision, i.e. the fp64 recurrence run on the inputs rounded to TF32 (10-bit mantissa) or bf16

@@ -95,6 +95,7 @@
 #include <mma.h>
 #include <algorithm>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 #include "cuda/runtime.h"
 #include "ops/delta_rule/delta_rule_cuda.h"
@@ -628,6 +629,77 @@ __device__ __forceinline__ void each(int rows, int cols, F f) {
     for (int c = lane; c < cols; c += 32) f(r, c);
 }
 
+// The checkpointed states and U~, and the backward's dS and dU~, are fp32, or bf16 where every
+// kernel that writes or reads them is a bf16-tile one (Args::hs, Args::hg; a bf16 array uses the
+// first half of its fp32 region). The readers round them to bf16 as they stage them, so the walks
+// write those very values (the state's bf16 part: rounded to nearest) and the readers copy them:
+// the same products from half the bytes.
+// One tile of stage into a bf16 tile (dst, ldd) from fp32 (rounded to nearest, four values a
+// 16-byte load) or bf16 values (half: copied, eight a load): rows x cols at src + r * lds
+// (elements; cols a multiple of 8, 16-byte aligned rows).
+struct StageToBf16 {
+  const void* src;
+  long long lds;
+  int rows, c4;
+  bool half;
+  bf16* dst;
+  int ldd;
+  __device__ __forceinline__ void load(float4 (&v)[4], int r0, int q, int nw) const {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int r = r0 + u * nw;
+      if (r >= rows || q >= c4) {
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        continue;
+      }
+      const size_t e = size_t(r) * lds + size_t(half ? 8 : 4) * q;
+      v[u] = half ? *reinterpret_cast<const float4*>(static_cast<const bf16*>(src) + e)
+                  : *reinterpret_cast<const float4*>(static_cast<const float*>(src) + e);
+    }
+  }
+  __device__ __forceinline__ void store(const float4 (&v)[4], int r0, int q, int nw) const {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int r = r0 + u * nw;
+      if (r >= rows || q >= c4) continue;
+      if (half)
+        *reinterpret_cast<float4*>(dst + r * ldd + 8 * q) = v[u];
+      else
+        put_bf16x4(dst + r * ldd + 4 * q, v[u]);
+    }
+  }
+};
+__device__ __forceinline__ StageToBf16 stage_to_bf16(const float* base, bool half, size_t at, long long lds, int rows,
+                                                     int cols, bf16* dst, int ldd) {
+  const void* p = half ? static_cast<const void*>(reinterpret_cast<const bf16*>(base) + at)
+                       : static_cast<const void*>(base + at);
+  return {p, lds, rows, half ? cols >> 3 : cols >> 2, half, dst, ldd};
+}
+// Asks L2 for the lines of such a tile.
+__device__ __forceinline__ void prefetch_l2_of(const float* base, bool half, size_t at, int lds, int rows, int cols) {
+  if (half)
+    prefetch_l2(reinterpret_cast<const float*>(reinterpret_cast<const bf16*>(base) + at), rows, cols / 2,
+                row_stride(lds / 2));
+  else
+    prefetch_l2(base + at, rows, cols, row_stride(lds));
+}
+// Writes a rows x cols bf16 tile of shared memory (src, lds) to base's bf16 array from element at,
+// row stride ldd (cols a multiple of 8, 16-byte aligned rows).
+__device__ __forceinline__ void put_bf16_tile(float* base, size_t at, int ldd, const bf16* src, int lds, int rows,
+                                              int cols) {
+  bf16* dst = reinterpret_cast<bf16*>(base) + at;
+  each(rows, cols >> 3, [&](int r, int q) {
+    *reinterpret_cast<float4*>(dst + size_t(r) * ldd + 8 * q) = *reinterpret_cast<const float4*>(src + r * lds + 8 * q);
+  });
+}
+// Two results at element at of base: fp32, or (half) a bf16 pair rounded to nearest.
+__device__ __forceinline__ void put_pair_of(float* base, bool half, size_t at, float x, float y) {
+  if (half)
+    *reinterpret_cast<uint32_t*>(reinterpret_cast<bf16*>(base) + at) = bf16_pair(x, y);
+  else
+    *reinterpret_cast<float2*>(base + at) = make_float2(x, y);
+}
+
 // Starts copying a rows x cols tile (cols a multiple of 4, both sides 16-byte aligned rows) from
 // global into shared memory (cp.async, 16 bytes a copy); the caller commits and waits.
 __device__ __forceinline__ void copy_async(float* dst, int ldd, const float* src, size_t lds, int rows, int cols) {
@@ -726,6 +798,7 @@ struct Args {
   float *dS, *dUt;                      // backward: [ch][Dk][Dv] (dL/dS after the chunk), [ch][64][Dv]
   // The checkpoints (delta_rule_gpu_chunked_ckpt_size): states [bh][NC+1][Dk][Dv], then U~ [ch][64][Dv].
   float *states, *Ut;
+  bool hs, hg;                          // states and U~ / dS and dU~ stored as bf16 (StageToBf16)
   float* state_io;                      // forward: carried state [bh][Dk][Dv] (in and out), or null
 };
 
@@ -1186,16 +1259,20 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
       prefetch_l2(a.W + (ch + 1) * kE * Dk, kE, Dk, row_stride(Dk));
       prefetch_l2(a.U + (ch + 1) * kE * Dv + c0, kE, BV, row_stride(Dv));
     }
-    copy_tile(a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, S, ldS, Dk, BV);
+    const size_t s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0;
+    if (a.hs)
+      put_bf16_tile(a.states, s_at, Dv, Shi, lbS, Dk, BV);
+    else
+      copy_tile(a.states + s_at, Dv, S, ldS, Dk, BV);
     {
-      float* ut = a.Ut + ch * kE * Dv + c0;
+      const size_t ut = ch * kE * Dv + c0;
       const float* Dc = D[c & 1];
       mm_s_to<false, false>(
           kE, BV,
           [&](int r, int col, float x, float y) {
             const float2 u = *reinterpret_cast<const float2*>(Uf + r * ldS + col);
             x += u.x, y += u.y;
-            *reinterpret_cast<float2*>(ut + size_t(r) * Dv + col) = make_float2(x, y);
+            put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
             put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
           },
           {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
@@ -1220,8 +1297,11 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     __pipeline_wait_prior(0);
     __syncthreads();
   }
-  float* st = a.states + (size_t(bh) * (a.NC + 1) + a.NC) * Dk * Dv;
-  copy_tile(st + c0, Dv, S, ldS, Dk, BV);
+  const size_t s_at = (size_t(bh) * (a.NC + 1) + a.NC) * Dk * Dv + c0;
+  if (a.hs)
+    put_bf16_tile(a.states, s_at, Dv, Shi, lbS, Dk, BV);
+  else
+    copy_tile(a.states + s_at, Dv, S, ldS, Dk, BV);
   if (a.state_io) copy_tile(a.state_io + size_t(bh) * Dk * Dv + c0, Dv, S, ldS, Dk, BV);
 }
 
@@ -1295,11 +1375,10 @@ __global__ void __launch_bounds__(kPrepThreads, kOutputSBlocks) output_s_kernel(
   const OutputSLayout L = output_s_layout(Dk, BV, Rp);
   bf16 *Qh = reinterpret_cast<bf16*>(smb + L.Q), *Sh = reinterpret_cast<bf16*>(smb + L.S);
   bf16 *Uh = reinterpret_cast<bf16*>(smb + L.U), *Ph = reinterpret_cast<bf16*>(smb + L.P);
-  const float* S0g = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0;
   // Two tiles' loads in flight at a time (all four: 64 more registers, which spill under the cap).
   stage(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
-        stage_tile(S0g, Dk, BV, row_stride(Dv), bf16_rows(Sh, lbS)));
-  stage(stage_tile(a.Ut + ch * kE * Dv + c0, kE, BV, row_stride(Dv), bf16_rows(Uh, lbS)),
+        stage_to_bf16(a.states, a.hs, (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, Dk, BV, Sh, lbS));
+  stage(stage_to_bf16(a.Ut, a.hs, ch * kE * Dv + c0, Dv, kE, BV, Uh, lbS),
         stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE)));
   load_decays(a, ch, G, gam, D);  // (its barrier also ends the staging)
   __syncthreads();
@@ -1507,10 +1586,13 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     const size_t ch = chunk(c);
     // Phase A: dS (after chunk c) out; dU~.
     if (c > 0) prefetch1(c - 1);
-    copy_tile(a.dS + ch * Dk * Dv + c0, Dv, dS, ldS, Dk, BV);
+    if (a.hg)
+      put_bf16_tile(a.dS, ch * Dk * Dv + c0, Dv, Shi, lbS, Dk, BV);
+    else
+      copy_tile(a.dS + ch * Dk * Dv + c0, Dv, dS, ldS, Dk, BV);
     {
       const float* Dc = D[c & 1];
-      float* dUg = a.dUt + ch * kE * Dv + c0;
+      const size_t dUg = ch * kE * Dv + c0;
       for (int t = warp; t < (kE >> 4) * sn; t += nwarps()) {
         const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
         float acc[4][4];
@@ -1524,7 +1606,7 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
         strip_s<true, false>(acc, Ph, lbE, dOh, lbS, m0, n0, Rp);
         strip_out(acc, m0, n0, [&](int r, int col, float x, float y) {
           x *= a.scale, y *= a.scale;
-          *reinterpret_cast<float2*>(dUg + size_t(r) * Dv + col) = make_float2(x, y);
+          put_pair_of(a.dUt, a.hg, dUg + size_t(r) * Dv + col, x, y);
           put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, x, y);
         });
       }
@@ -1603,6 +1685,21 @@ __device__ float grad_gate_of_state(bool gated, const float* dS, const float* S0
   if (!gated) return 0.f;
   float part = 0.f;
   for (int x = threadIdx.x; x < n; x += blockDim.x) part += dS[x] * S0[x];
+  return gam[kE - 1] * block_sum(part, red);
+}
+// The same from bf16 tiles of dS and S0 in shared memory (rows x cols, leading dimension ld; cols
+// even), after a barrier.
+__device__ float grad_gate_of_state(bool gated, const bf16* dS, const bf16* S0, int rows, int cols, int ld,
+                                    const float* gam, float* red) {
+  if (!gated) return 0.f;
+  float part = 0.f;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = warp; r < rows; r += nwarps())
+    for (int q = 2 * lane; q < cols; q += 64) {
+      const float2 d = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dS + r * ld + q));
+      const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(S0 + r * ld + q));
+      part += d.x * x.x + d.y * x.y;
+    }
   return gam[kE - 1] * block_sum(part, red);
 }
 // dK = diag(D) U~ dS^T in place. With a gate, dd_i = (K dS)_i . u~_i = k_i . (U~ dS^T)_i (read
@@ -1904,8 +2001,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   __shared__ double G[kE];
   __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kMaxWarps];
   __shared__ int tok[kE];
-  const float* S0 = a.states + (size_t(bh) * (a.NC + 1) + c) * Dk * Dv;
-  const float* dS = a.dS + ch * Dk * Dv;
+  const size_t s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
   const float* Qc = a.Qc + ch * Rp * Dk;
   const bool gated = a.g != nullptr;
   // Epilogues of mm_s_to: fp32 results stored (alpha x) or added, bf16 results stored.
@@ -1932,17 +2028,18 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   // loads from memory are asked of L2 a phase or more ahead (below).
   grad_events(a, c, ch, beta, dG, dbeta, tok);
   stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
-        stage_tile(a.Ut + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R5, lbV)));
-  stage(stage_tile(dS, Dk, Dv, row_stride(Dv), bf16_rows(dSh, lbV)),
-        stage_tile(S0, Dk, Dv, row_stride(Dv), bf16_rows(S0h, lbV)));
+        stage_to_bf16(a.Ut, a.hs, u_at, Dv, kE, Dv, R5, lbV));
+  stage(stage_to_bf16(a.dS, a.hg, ch * Dk * Dv, Dv, Dk, Dv, dSh, lbV),
+        stage_to_bf16(a.states, a.hs, s_at, Dv, Dk, Dv, S0h, lbV));
   stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
                     [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
   load_decays(a, ch, G, gam, D);
-  float dGL = grad_gate_of_state(gated, dS, S0, Dk * Dv, gam, red);
   __syncthreads();
+  // (the gate's sum from the bf16 tiles the products read)
+  float dGL = grad_gate_of_state(gated, dSh, S0h, Dk, Dv, lbV, gam, red);
   // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
   prefetch_l2(Qc, Rp, Dk, row_stride(Dk));
-  prefetch_l2(a.dUt + ch * kE * Dv, kE, Dv, row_stride(Dv));
+  prefetch_l2_of(a.dUt, a.hg, u_at, Dv, kE, Dv);
   if (a.accumulate) prefetch_l2(a.dq, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
   mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
   mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), {TermS{R6, lbV, S0h, lbV, Dv}});
@@ -1950,7 +2047,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   __syncthreads();
   // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
   stage(stage_tile(Qc, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
-        stage_tile(a.dUt + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R4b, lbV)));
+        stage_to_bf16(a.dUt, a.hg, u_at, Dv, kE, Dv, R4b, lbV));
   auto key = [&](int i, int col) { return __bfloat162float(Kh[i * lbK + col]); };  // k~: exact in bf16
   dGL += grad_scale_dk(gated, dK, ldK, Dk, key, D, tok, dG, red);
   grad_scale_dq(a, c, R2, ldK, Qc, gam, dG);
@@ -2153,6 +2250,17 @@ bool grad_s_fits(const DeltaRuleDims& d) {
   return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
 }
 
+// Whether the states and U~ go to memory as bf16 (Args::hs): where every kernel that writes or
+// reads them is a bf16-tile one. The backward's dS and dU~ likewise (Args::hg), decided by
+// backward_impl.
+template <Mma P>
+bool states_half(const DeltaRuleDims& d) {
+  if constexpr (P == Mma::Bf16)
+    return state_s_fits<P>(d) && output_s_fits<P>(d) && grad_s_fits<P>(d);
+  else
+    return false;
+}
+
 template <Mma P>
 void launch_prep(const Args& a, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
@@ -2165,7 +2273,9 @@ void launch_prep(const Args& a, const DeltaRuleDims& d) {
 }
 
 template <Mma P>
-void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
+void forward_impl(const Args& args, const DeltaRuleDims& d, bool outputs) {
+  Args a = args;
+  a.hs = states_half<P>(d);
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch_prep<P>(a, d);
@@ -2192,12 +2302,16 @@ void forward_impl(const Args& a, const DeltaRuleDims& d, bool outputs) {
 }
 
 template <Mma P>
-void backward_impl(const Args& a, const DeltaRuleDims& d) {
+void backward_impl(const Args& args, const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
+  Args a = args;
+  a.hs = states_half<P>(d);
   // prep's arrays are the forward's, in the checkpoint.
   if constexpr (walk_bf16_tiles(P, 32)) {
-    if (dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0)  // it reads dO rows as float4
+    const bool tiles = dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0;  // it reads dO rows as float4
+    a.hg = tiles && grad_s_fits<P>(d);
+    if (tiles)
       launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
     else
       launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
@@ -2233,6 +2347,15 @@ void run_backward(const Args& a, const DeltaRuleDims& d) {
     case Mma::Bf16: return backward_impl<Mma::Bf16>(a, d);
     default: return backward_impl<Mma::Tf32>(a, d);
   }
+}
+
+// Whether the current precision's kernels store the states as bf16, and the format each
+// checkpoint buffer was last written in (by address, on this host thread): a backward under another
+// GEMM precision than its forward's would read the states in the wrong format.
+bool states_half_now(const DeltaRuleDims& d) { return mma_mode() == Mma::Bf16 && states_half<Mma::Bf16>(d); }
+std::unordered_map<const float*, bool>& ckpt_formats() {
+  static thread_local std::unordered_map<const float*, bool> m;
+  return m;
 }
 
 void set_inputs(Args& a, const float* q, const float* k, const float* v, const float* bl, const float* g) {
@@ -2283,6 +2406,7 @@ void delta_rule_forward_chunked(float* o, const float* q, const float* k, const 
   set_inputs(a, q, k, v, beta_logit, g);
   a.o = o;
   a.state_io = state;
+  if (ckpt) ckpt_formats()[ckpt] = states_half_now(d);
   run_forward(a, d, o != nullptr);
 }
 
@@ -2292,6 +2416,14 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
   LRNN_CHUNKED_REQUIRE(delta_rule_chunked_cuda_applies(d));
   if (d.B == 0 || d.T == 0) return;
   // Without the forward's checkpoints they are recomputed into the workspace.
+  if (ckpt) {
+    const auto f = ckpt_formats().find(ckpt);
+    if (f != ckpt_formats().end() && f->second != states_half_now(d))
+      ::lrnn::cuda::fail(cudaErrorInvalidValue,
+                         "CUDA chunked delta rule: the checkpoint was written under another GEMM precision (its "
+                         "states are stored as bf16 only under BF16); run the forward and backward under one",
+                         __FILE__, __LINE__);
+  }
   Args a = make(d, true, const_cast<float*>(ckpt));
   set_inputs(a, q, k, v, beta_logit, g);
   if (!ckpt) run_forward(a, d, false);
