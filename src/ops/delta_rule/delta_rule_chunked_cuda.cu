@@ -1204,28 +1204,34 @@ __device__ __forceinline__ auto decayed_state(float* S, int ldS, bf16* hi, bf16*
 // columns leave SMs idle, blocks of 32 columns of 8 warps, two per SM: at the smaller shape 128 ->
 // 256 blocks, 297 -> 399 us under ncu, the forward 784 -> 887 us — each block still stages every
 // chunk's W and K, and the chain of chunks is no shorter.)
+// WIDE: one block per sequence and head, all Dv columns (BV = Dv, up to 128), where blocks of BV
+// columns would take more waves of the SMs (state_walk_wide): U is then read into registers by
+// each warp for its strips of phase A instead of staged (its 34 KB of shared memory do not fit
+// beside the rest at Dv = 128: 224 KB), and phase A has a strip for every warp. Each result is
+// the same sequence of MMAs either way. (H200, B 8 x T 4096 x H 16: 128 blocks in one wave
+// instead of 256 in two, 1025-1031 -> 729-733 us; a chunk costs a block 11.4 us instead of 8.2.)
 struct StateSLayout {
   size_t S, hi, lo, U, Whi, Wlo, K, Uhi, Ulo, bytes;  // byte offsets
 };
-__host__ __device__ inline StateSLayout state_s_layout(int Dk, int BV) {
+__host__ __device__ inline StateSLayout state_s_layout(int Dk, int BV, bool wide) {
   const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad;
   StateSLayout L{};
   SmemCursor cur;
   auto take = [&](size_t bytes) { return cur.take(bytes); };
   L.S = take(size_t(Dk) * (BV + 4) * 4);
   L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
-  L.U = take(size_t(kE) * (BV + 4) * 4);
+  L.U = wide ? 0 : take(size_t(kE) * (BV + 4) * 4);
   L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2), L.K = take(kE * lbK * 2);
   L.Uhi = take(kE * lbS * 2), L.Ulo = take(kE * lbS * 2);
   L.bytes = cur.off;
   return L;
 }
 
-template <Mma MM>
+template <Mma MM, bool WIDE>
 __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
-  const int BV = a.BV, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv;
-  const StateSLayout L = state_s_layout(Dk, BV);
+  const int BV = WIDE ? a.Dv : a.BV, c0 = blockIdx.x * BV, bh = blockIdx.y, Dk = a.Dk, Dv = a.Dv;
+  const StateSLayout L = state_s_layout(Dk, BV, WIDE);
   const int lbK = Dk + kBfPad, lbS = BV + kBfPad, ldS = BV + 4;
   auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
   float* S = reinterpret_cast<float*>(smb + L.S);  // [Dk][ldS]
@@ -1242,7 +1248,7 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
   auto k_tile = [&](int c) { return stage_tile(a.Kc + chunk(c) * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)); };
   auto decays_and_u = [&](int c) {
     walk_decays(a.G + chunk(c) * kE, gam[c & 1], D[c & 1]);
-    copy_async(Uf, ldS, a.U + chunk(c) * kE * Dv + c0, Dv, kE, BV);
+    if constexpr (!WIDE) copy_async(Uf, ldS, a.U + chunk(c) * kE * Dv + c0, Dv, kE, BV);
   };
   const float* init = a.state_io ? a.state_io + size_t(bh) * Dk * Dv : nullptr;
   each(Dk, BV, [&](int r, int col) {
@@ -1276,15 +1282,47 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     {
       const size_t ut = ch * kE * Dv + c0;
       const float* Dc = D[c & 1];
-      mm_s_to<false, false>(
-          kE, BV,
-          [&](int r, int col, float x, float y) {
-            const float2 u = *reinterpret_cast<const float2*>(Uf + r * ldS + col);
-            x += u.x, y += u.y;
-            put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
-            put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
-          },
-          {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
+      // U~ = U + (the products) at (r, col), (r, col + 1): out, and times D as parts.
+      auto put_ut = [&](int r, int col, float x, float y) {
+        put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
+        put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+      };
+      const TermS terms[3] = {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk},
+                              TermS{Whi, lbK, Shi, lbS, Dk}};
+      if constexpr (WIDE) {
+        // mm_s_to's strips, each warp's U for its strip loaded before the strip's products.
+        const float* Ug = a.U + ch * kE * Dv + c0;
+        const int sn = BV >> 5, strips = (kE >> 4) * sn, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+        for (int t = threadIdx.x >> 5; t < strips; t += nwarps()) {
+          const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
+          float2 u[4][2];
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+              u[q][hh] = *reinterpret_cast<const float2*>(Ug + size_t(m0 + g + 8 * hh) * Dv + n0 + 8 * q + t2);
+          float acc[4][4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+#pragma unroll
+          for (int i = 0; i < 3; ++i) strip_s<false, false>(acc, terms[i].A, terms[i].lda, terms[i].B, terms[i].ldb, m0, n0, Dk);
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+              put_ut(m0 + g + 8 * hh, n0 + 8 * q + t2, acc[q][2 * hh] + u[q][hh].x, acc[q][2 * hh + 1] + u[q][hh].y);
+        }
+      } else {
+        mm_s_to<false, false>(
+            kE, BV,
+            [&](int r, int col, float x, float y) {
+              const float2 u = *reinterpret_cast<const float2*>(Uf + r * ldS + col);
+              x += u.x, y += u.y;
+              put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
+              put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+            },
+            {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
+      }
     }
     kt.put();
     __syncthreads();
@@ -2254,7 +2292,22 @@ bool output_s_fits(const DeltaRuleDims& d) {
 }
 template <Mma P>
 bool state_s_fits(const DeltaRuleDims& d) {
-  return walk_bf16_tiles(P, d.Dv) && state_s_layout(d.Dk, geometry(d).BV).bytes <= dynamic_smem_limit<state_s_kernel<P>>();
+  return walk_bf16_tiles(P, d.Dv) &&
+         state_s_layout(d.Dk, geometry(d).BV, false).bytes <= dynamic_smem_limit<state_s_kernel<P, false>>();
+}
+// The state walk in one block per sequence and head (all Dv columns) where blocks of BV columns
+// would take more waves of the SMs: a chunk then costs a block 1.4x (measured, H200: 11.4 vs
+// 8.2 us at head dim 128; phase B does two strips a warp instead of one, the staging of K~ and W
+// is the same), so it pays where the waves drop by more than that.
+template <Mma P>
+bool state_walk_wide(const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  if (gm.BV == d.Dv || d.Dv > 128 || !walk_bf16_tiles(P, d.Dv) ||
+      state_s_layout(d.Dk, d.Dv, true).bytes > dynamic_smem_limit<state_s_kernel<P, true>>())
+    return false;
+  const long long bh = (long long)d.B * d.H, sms = lrnn::cuda::num_sms();
+  const long long waves = (bh * (d.Dv / gm.BV) + sms - 1) / sms, waves_wide = (bh + sms - 1) / sms;
+  return 10 * waves > 14 * waves_wide;
 }
 template <Mma P>
 bool dstate_s_fits(const DeltaRuleDims& d) {
@@ -2296,8 +2349,10 @@ void forward_impl(const Args& args, const DeltaRuleDims& d, bool outputs) {
   const unsigned BH = unsigned(d.B) * d.H, NC = unsigned(gm.NC), VB = unsigned(d.Dv / gm.BV);
   launch_prep<P>(a, d);
   if constexpr (P == Mma::Bf16) {
-    if (state_s_fits<P>(d)) {
-      launch<state_s_kernel<P>>("delta chunked: state", dim3(VB, BH), state_s_layout(d.Dk, gm.BV).bytes, a);
+    if (state_walk_wide<P>(d)) {
+      launch<state_s_kernel<P, true>>("delta chunked: state", dim3(1, BH), state_s_layout(d.Dk, d.Dv, true).bytes, a);
+    } else if (state_s_fits<P>(d)) {
+      launch<state_s_kernel<P, false>>("delta chunked: state", dim3(VB, BH), state_s_layout(d.Dk, gm.BV, false).bytes, a);
     } else {
       launch<state_kernel<kCarry<P>>>("delta chunked: state", dim3(VB, BH), state_smem(d, gm), a);
     }
@@ -2411,6 +2466,10 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
 // not measured.
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
   return delta_rule_chunked_cuda_applies(d) && d.T >= 128 && std::min(d.Dk, d.Dv) >= 128;
+}
+
+bool delta_rule_chunked_state_walk_wide(const DeltaRuleDims& d) {
+  return delta_rule_chunked_cuda_applies(d) && mma_mode() == Mma::Bf16 && state_walk_wide<Mma::Bf16>(d);
 }
 
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,

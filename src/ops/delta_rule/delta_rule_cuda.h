@@ -48,6 +48,10 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d);
 // family is forced (set_delta_rule_kernel), the larger of the two (ops::delta_rule_ckpt_size).
 size_t delta_rule_ckpt_size(const DeltaRuleDims& d, bool gated);
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool gated);
+// Whether the chunked forward's state walk under the current GEMM precision takes one block per
+// sequence and head (all value columns) rather than blocks of 64 columns: where the latter would
+// take more waves of the GPU's SMs (the same results, bit for bit).
+bool delta_rule_chunked_state_walk_wide(const DeltaRuleDims& d);
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                                 const float* g, const DeltaRuleDims& d, float* ckpt, float* state);
 void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_logit, float* dg, const float* dout,
