@@ -22,7 +22,8 @@
 //            S0 (the checkpoint), U~ = U - W S0, S = gamma S + K^T diag(D) U~ (fp32 state in
 //            shared memory; the next chunk's W, K, U and G are copied in by cp.async meanwhile;
 //            with bf16 products and Dv a multiple of 32, state_s_kernel: ldmatrix products on
-//            bf16 parts and remainders of the operands)
+//            bf16 parts and remainders of the operands, in blocks of all Dv columns where blocks
+//            of 64 would take more waves of the SMs)
 //   output   one block per (chunk, column block): o = scale (diag(gamma) Q S0 + P U~) (with bf16
 //            products, output_s_kernel: its operands staged once as bf16 tiles and fed to the MMAs
 //            by ldmatrix, each warp's strips of o formed in registers and stored to o directly)
@@ -36,6 +37,11 @@
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
 //            bf16 products and head dims that are multiples of 32, every operand staged once as a
 //            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel)
+// With bf16 products, where all five kernels are the bf16-tile ones, the states and U~ (the
+// checkpoint) and the backward's dS and dU~ go to memory as bf16: the values the readers rounded
+// them to before, so the same products from half the bytes (Args::hs, hg; the gate's term
+// gamma_63 sum(dS . S0) then sums those bf16 values too). Forward and backward must then run under
+// one GEMM precision: the backward refuses a checkpoint written under another.
 // In the fp32-tile kernels operands live in shared memory where it holds them (one block per SM),
 // else are read from global memory (L2) by the MMA loads: the fp32-tile grad kernel stages U~ and
 // then dU~ and reads S0 and dS (Dk x Dv each) from L2 by strips that share each fragment of them
