@@ -1288,15 +1288,15 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     {
       const size_t ut = ch * kE * Dv + c0;
       const float* Dc = D[c & 1];
-      // U~ = U + (the products) at (r, col), (r, col + 1): out, and times D as parts.
-      auto put_ut = [&](int r, int col, float x, float y) {
-        put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
-        put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
-      };
-      const TermS terms[3] = {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk},
-                              TermS{Whi, lbK, Shi, lbS, Dk}};
       if constexpr (WIDE) {
-        // mm_s_to's strips, each warp's U for its strip loaded before the strip's products.
+        // mm_s_to's strips, each warp's U for its strip loaded before the strip's products; U~ =
+        // U + (the products) at (r, col), (r, col + 1) out, and times D as parts.
+        auto put_ut = [&](int r, int col, float x, float y) {
+          put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
+          put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+        };
+        const TermS terms[3] = {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk},
+                                TermS{Whi, lbK, Shi, lbS, Dk}};
         const float* Ug = a.U + ch * kE * Dv + c0;
         const int sn = BV >> 5, strips = (kE >> 4) * sn, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
         for (int t = threadIdx.x >> 5; t < strips; t += nwarps()) {
