@@ -9,9 +9,10 @@
 #   SECTIONS="tests lm-train lm-speed lm-gen" TEST_FILTER=... CHECK_TIMEOUT=450 bash scripts/gpu-run.sh
 #   on several GPUs: PACK=.gpu-dist SECTIONS="dist dist-speed" bash scripts/gpu-run.sh
 # The peer's Triton kernels (compiled and autotuned: minutes, which cut several side-by-sides
-# short) are kept between machines: the cache comes back as $OUT/triton-cache.tgz (when under the
-# 16 MiB a returned file may have); saved as .triton-cache.tgz in the tree and carried, it is
-# unpacked before the checks.
+# short) are kept between machines: the cache comes back as $OUT/triton-cache.tar.xz, or in parts
+# of 15 MB (triton-cache.tar.xz.part00, ...: a returned file may have 16 MiB); those files copied
+# into .triton-cache/ in the tree and carried, it is unpacked before the checks (an older single
+# .triton-cache.tgz too).
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 : "${OUT:=$PWD/gpu-check-out}"
@@ -25,7 +26,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export TRITON_CACHE_AUTOTUNING=1
 TRITON_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-if [[ -f .triton-cache.tgz ]]; then
+if compgen -G ".triton-cache/triton-cache.tar.xz*" >/dev/null; then
+  mkdir -p "$TRITON_DIR" && cat .triton-cache/triton-cache.tar.xz* | tar xJf - -C "$TRITON_DIR" &&
+    echo "Triton cache: $(du -sh "$TRITON_DIR" | cut -f1) restored"
+elif [[ -f .triton-cache.tgz ]]; then
   mkdir -p "$TRITON_DIR" && tar xzf .triton-cache.tgz -C "$TRITON_DIR" && echo "Triton cache: $(du -sh "$TRITON_DIR" | cut -f1) restored"
 fi
 python3 -c "import torch, triton, fla, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
@@ -39,8 +43,10 @@ OUT="$OUT" LOGS="$LOGS" SECTIONS="${SECTIONS:-tests lm-train lm-speed lm-gen}" \
   timeout "${CHECK_TIMEOUT:-540}" bash scripts/gpu-check.sh --prebuilt "${PACK:-.gpu}"
 rc=$?
 tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
-if [[ -d "$TRITON_DIR" ]] && tar czf /tmp/triton-cache.tgz -C "$TRITON_DIR" . 2>/dev/null; then
-  if [[ $(stat -c %s /tmp/triton-cache.tgz) -lt 16000000 ]]; then cp /tmp/triton-cache.tgz "$OUT/triton-cache.tgz"
-  else echo "Triton cache $(stat -c %s /tmp/triton-cache.tgz) bytes: too large to bring back"; fi
+if [[ -d "$TRITON_DIR" ]] && tar cf - -C "$TRITON_DIR" . 2>/dev/null | xz -T0 -6 > /tmp/triton-cache.tar.xz; then
+  size=$(stat -c %s /tmp/triton-cache.tar.xz)
+  if (( size < 15000000 )); then cp /tmp/triton-cache.tar.xz "$OUT/"
+  elif (( size < 45000000 )); then split -b 15000000 -d /tmp/triton-cache.tar.xz "$OUT/triton-cache.tar.xz.part"
+  else echo "Triton cache $size bytes compressed: too large to bring back"; fi
 fi
 exit $rc
