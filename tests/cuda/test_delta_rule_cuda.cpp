@@ -649,8 +649,8 @@ void check_carried(const DeltaRuleDims& d, const Opts& o, lrnn::ops::cuda::Delta
 }
 
 // Every kernel family carries a state: the chunked form (forced, and by its own choice at head
-// dim 128 and T >= 128), the tiled recurrent kernels (head dims 64, 100 and 256, which the chunked
-// form does not take; DeltaProduct), the lane kernels (head dim 32), and a single token
+// dim 128 and T >= 128), the tiled recurrent kernels (head dim 64 below 512 tokens, head dims 100
+// and 256, which the chunked form does not take; DeltaProduct), the lane kernels (head dim 32), and a single token
 // (generation).
 TEST(DeltaRuleCuda, CarriedStateEveryKernel) {
   LRNN_REQUIRE_GPU();
@@ -683,6 +683,27 @@ TEST(DeltaRuleCudaChunked, RefusesWhatItCannotDo) {
                                                    d, nullptr),
                lrnn::Error);
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+}
+
+// The op's choice (delta_rule_chunked_cuda_pays, measured crossovers in its comment): the chunked
+// form from 128 tokens at head dim 128 and from 512 at head dims 64-127 (k and v: the smaller
+// counts); the recurrent kernels below, at head dim 32 (lane kernels) and where its tiles do not
+// fit (256) or the dims are not multiples of 16.
+TEST(DeltaRuleCudaChunked, TheOpChoosesByShape) {
+  LRNN_REQUIRE_GPU();
+  auto pays = [](int T, int Dk, int Dv) {
+    return lrnn::ops::cuda::delta_rule_chunked_cuda_pays(dims(2, T, 4, Dk, Dv, 1, EigenRange::Signed), false);
+  };
+  EXPECT_TRUE(pays(128, 128, 128));
+  EXPECT_FALSE(pays(127, 128, 128));
+  EXPECT_TRUE(pays(512, 64, 64));
+  EXPECT_FALSE(pays(511, 64, 64));
+  EXPECT_TRUE(pays(512, 64, 128));
+  EXPECT_FALSE(pays(256, 64, 128));
+  EXPECT_TRUE(pays(4096, 96, 96));
+  EXPECT_FALSE(pays(4096, 32, 32));
+  EXPECT_FALSE(pays(4096, 256, 256));
+  EXPECT_FALSE(pays(4096, 100, 100));
 }
 
 // Where blocks of 64 state columns would take two waves of the SMs, the bf16 state walk takes a

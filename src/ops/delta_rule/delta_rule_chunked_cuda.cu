@@ -2470,11 +2470,16 @@ bool delta_rule_chunked_cuda_applies(const DeltaRuleDims& d) {
 // call, the chunked from the next, TF32 / bf16 products): head dim 128, B 8 x H 8, T 64: 213 vs
 // 223 / 171; T 128: 418 vs 305 / 231; head dim 64, B 8 x H 16, T 512: 1158 vs 1215 / 969, gate
 // 1554 vs 1283 / 1058, n_h 2 with a gate 2275 vs 2216 / 1840. The rule stays one for both
-// precisions (a model sizes its checkpoints by it once, whatever the precision later): at head
-// dim 64 the chunked form would win only with bf16 products (1.2-1.5x), and T 128-256 there are
-// not measured.
+// precisions (a model sizes its checkpoints by it once, whatever the precision later).
+// Again on an H200 with the kernels of ad6ac0c (2026-11-29, one call, `SECTIONS="tests kernel
+// lm-speed" scripts/gpu-run.sh`), head dim 64, B 8 x H 16, T 512, recurrent vs chunked TF32 /
+// bf16: no gate 1157 vs 1007 / 555; gate 1554 vs 1071 / 627; n_h 2 with a gate 2275 vs 1839 /
+// 1119 — the chunked form now wins there in both precisions (1.15-1.45x TF32, 2.0-2.5x bf16), so
+// it takes head dims from 64 at T >= 512 too (T 128-256 at head dim 64 are not measured). Its
+// checkpoint there is ~1.6x the recurrent layout's (512 vs 320 floats a token at head dim 64).
 bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
-  return delta_rule_chunked_cuda_applies(d) && d.T >= 128 && std::min(d.Dk, d.Dv) >= 128;
+  const int dmin = std::min(d.Dk, d.Dv);
+  return delta_rule_chunked_cuda_applies(d) && ((dmin >= 128 && d.T >= 128) || (dmin >= 64 && d.T >= 512));
 }
 
 bool delta_rule_chunked_state_walk_wide(const DeltaRuleDims& d) {

@@ -29,9 +29,9 @@ void delta_rule_backward_varlen(float* dq, float* dk, float* dv, float* dbeta_lo
                                 const float* ckpt = nullptr, bool accumulate = true);
 
 // Which kernels run. Auto: the chunked form on tensor cores where it pays
-// (delta_rule_chunked_cuda_pays: T >= 128 at head dims >= 128), else the lane kernels (one
-// warp per (b,h), a state column per lane) where they apply (Dk <= 32 and Dv <= 32), else the
-// tiled kernels (head key dims up to 256). Tiled / Chunked: always those (the tests check every
+// (delta_rule_chunked_cuda_pays: T >= 128 at head dims >= 128, T >= 512 at head dims 64-127),
+// else the lane kernels (one warp per (b,h), a state column per lane) where they apply (Dk <= 32
+// and Dv <= 32), else the tiled kernels (head key dims up to 256). Tiled / Chunked: always those (the tests check every
 // path on the same shapes).
 // Process-wide; not for concurrent use.
 enum class DeltaKernel { Auto, Tiled, Chunked };
