@@ -1288,15 +1288,15 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
     {
       const size_t ut = ch * kE * Dv + c0;
       const float* Dc = D[c & 1];
+      // U~ = U + (the products) at (r, col), (r, col + 1): out, and times D as parts.
+      auto put_ut = [&](int r, int col, float x, float y) {
+        put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
+        put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+      };
+      const TermS terms[3] = {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk},
+                              TermS{Whi, lbK, Shi, lbS, Dk}};
       if constexpr (WIDE) {
-        // mm_s_to's strips, each warp's U for its strip loaded before the strip's products; U~ =
-        // U + (the products) at (r, col), (r, col + 1) out, and times D as parts.
-        auto put_ut = [&](int r, int col, float x, float y) {
-          put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
-          put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
-        };
-        const TermS terms[3] = {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk},
-                                TermS{Whi, lbK, Shi, lbS, Dk}};
+        // mm_s_to's strips, each warp's U for its strip loaded before the strip's products.
         const float* Ug = a.U + ch * kE * Dv + c0;
         const int sn = BV >> 5, strips = (kE >> 4) * sn, lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
         for (int t = threadIdx.x >> 5; t < strips; t += nwarps()) {
@@ -1323,11 +1323,9 @@ __global__ void __launch_bounds__(kThreads) state_s_kernel(Args a) {
             kE, BV,
             [&](int r, int col, float x, float y) {
               const float2 u = *reinterpret_cast<const float2*>(Uf + r * ldS + col);
-              x += u.x, y += u.y;
-              put_pair_of(a.Ut, a.hs, ut + size_t(r) * Dv + col, x, y);
-              put_split(Uhi + r * lbS + col, Ulo + r * lbS + col, Dc[r] * x, Dc[r] * y);
+              put_ut(r, col, x + u.x, y + u.y);
             },
-            {TermS{Wlo, lbK, Shi, lbS, Dk}, TermS{Whi, lbK, Slo, lbS, Dk}, TermS{Whi, lbK, Shi, lbS, Dk}});
+            terms);
       }
     }
     kt.put();
@@ -2504,7 +2502,6 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
                                  const float* g, const DeltaRuleDims& d, const float* ckpt, bool accumulate) {
   LRNN_CHUNKED_REQUIRE(delta_rule_chunked_cuda_applies(d));
   if (d.B == 0 || d.T == 0) return;
-  // Without the forward's checkpoints they are recomputed into the workspace.
   if (ckpt) {
     const auto f = ckpt_formats().find(ckpt);
     if (f != ckpt_formats().end() && f->second != states_half_now(d))
@@ -2513,6 +2510,7 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
                          "states are stored as bf16 only under BF16); run the forward and backward under one",
                          __FILE__, __LINE__);
   }
+  // Without the forward's checkpoints they are recomputed into the workspace.
   Args a = make(d, true, const_cast<float*>(ckpt));
   set_inputs(a, q, k, v, beta_logit, g);
   if (!ckpt) run_forward(a, d, false);
