@@ -706,12 +706,14 @@ TEST(DeltaRuleCudaChunked, TheOpChoosesByShape) {
   EXPECT_FALSE(pays(4096, 100, 100));
 }
 
-// Where blocks of 64 state columns would take two waves of the SMs, the bf16 state walk takes a
-// block per sequence and head (all columns). Each result element is the same sequence of MMAs
-// either way, so a batch whose walk is wide must give, bit for bit, what its sequences give in
-// calls small enough for the narrow walk: outputs and every gradient (the backward reads the
-// states the walk wrote), with a gate.
-TEST(DeltaRuleCudaChunked, WideStateWalkEqualsNarrowBitForBit) {
+// Where blocks of 64 state columns would take two waves of the SMs, the bf16 walks (the state's
+// forward, dS's backward) take a block per sequence and head (all columns). Each result element is
+// the same sequence of MMAs either way (the backward's wide walk keeps dS as three bf16 parts that
+// sum to its fp32 value exactly), so a batch whose walks are wide must give, bit for bit, what its
+// sequences give in calls small enough for the narrow walks: outputs and every gradient (the
+// backward reads the states the walk wrote, the grad kernel the dS the other walk wrote), with a
+// gate.
+TEST(DeltaRuleCudaChunked, WideWalksEqualNarrowBitForBit) {
   LRNN_REQUIRE_GPU();
   using lrnn::cuda::GemmPrecision;
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
@@ -720,6 +722,8 @@ TEST(DeltaRuleCudaChunked, WideStateWalkEqualsNarrowBitForBit) {
   const DeltaRuleDims full = dims(2, 256, H, 128, 128, 1, EigenRange::Signed), one = dims(1, 256, H, 128, 128, 1, EigenRange::Signed);
   ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(full));
   ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(one));
+  ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(full));
+  ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(one));
   Opts o;
   o.gate = true, o.g_lo = -2;
   const Problem p(full, o);

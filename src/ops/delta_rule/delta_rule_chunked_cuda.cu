@@ -32,7 +32,8 @@
 //   dstate   one block per (b, h, column block), chunks in reverse: dU~ = diag(D) K dS + P^T dO,
 //            dS0 = gamma dS + scale Q^T diag(gamma) dO - W^T dU~ (stores dS after each chunk, dU~;
 //            each operand of the next chunk is copied in as soon as its buffer is free; with bf16
-//            products and Dv a multiple of 32, dstate_s_kernel, as state_s_kernel)
+//            products and Dv a multiple of 32, dstate_s_kernel, as state_s_kernel, its wide
+//            blocks keeping dS as three bf16 parts instead of fp32)
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
 //            bf16 products and head dims that are multiples of 32, every operand staged once as a
@@ -612,6 +613,24 @@ __device__ __forceinline__ void put_split(bf16* hi, bf16* lo, float x, float y) 
   uint32_t l;
   *reinterpret_cast<uint32_t*>(hi) = bf16_pair(x, y, &l);
   *reinterpret_cast<uint32_t*>(lo) = l;
+}
+// An fp32 pair as three bf16 pairs (a part, its remainder, the remainder's remainder) whose sum
+// in that order is the pair exactly, and back (join3): x - bf16(x) is exact and has at most 16
+// significant bits, its remainder at most 8.
+__device__ __forceinline__ void split3(float2 x, uint32_t* hi, uint32_t* lo, uint32_t& lo2) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);
+  const float2 hf = __bfloat1622float2(h);
+  const float2 r = make_float2(x.x - hf.x, x.y - hf.y);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(r.x, r.y);
+  const float2 lf = __bfloat1622float2(l);
+  *hi = *reinterpret_cast<const uint32_t*>(&h);
+  *lo = *reinterpret_cast<const uint32_t*>(&l);
+  lo2 = bf16_pair(r.x - lf.x, r.y - lf.y);
+}
+__device__ __forceinline__ float2 join3(uint32_t hi, uint32_t lo, uint32_t lo2) {
+  auto f = [](uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); };
+  const float2 a = f(hi), b = f(lo), c = f(lo2);
+  return make_float2((a.x + b.x) + c.x, (a.y + b.y) + c.y);
 }
 // stage_tile's row offsets of a dense tile (row stride ld), and its put for a bf16 tile (ld).
 __device__ __forceinline__ auto row_stride(int ld) {
@@ -1566,15 +1585,22 @@ __global__ void __launch_bounds__(kThreads) dstate_kernel(Args a) {
 // together (stage) and its lines asked of L2 a phase ahead. (H200, the same call: 530 -> 362 us at
 // B 8 x T 2048 x H 8, 2069 -> 1412 us at B 8 x T 4096 x H 16; 425 us with the tiles staged one
 // after the other and no prefetch.)
+// WIDE: one block per sequence and head, all Dv columns (BV = Dv, up to 128), where blocks of BV
+// columns would take more waves of the SMs (dstate_walk_wide), as the state walk's. Its fp32 dS
+// (67 KB at head dim 128) does not fit beside the rest, so it is kept exactly as three bf16 parts:
+// the part and remainder the products read (shared memory) and the remainder's remainder, which
+// phase B's warps hold in registers for their strips (a warp has the same strips every chunk).
+// hi + lo + lo2 is the fp32 value bit for bit (x - bf16(x) has at most 16 significant bits,
+// its own remainder at most 8), so the walk is the narrow one's, bit for bit.
 struct DstateSLayout {
   size_t dS, hi, lo, K, P, dO, Q, dOg, Whi, Wlo, Uhi, Ulo, bytes;  // byte offsets
 };
-__host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp) {
+__host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp, bool wide) {
   const size_t lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad;
   DstateSLayout L{};
   SmemCursor cur;
   auto take = [&](size_t bytes) { return cur.take(bytes); };
-  L.dS = take(size_t(Dk) * (BV + 4) * 4);
+  L.dS = wide ? 0 : take(size_t(Dk) * (BV + 4) * 4);
   L.hi = take(Dk * lbS * 2), L.lo = take(Dk * lbS * 2);
   L.K = take(kE * lbK * 2), L.P = take(Rp * lbE * 2), L.dO = take(Rp * lbS * 2);
   L.Q = take(Rp * lbK * 2), L.dOg = take(Rp * lbS * 2), L.Whi = take(kE * lbK * 2), L.Wlo = take(kE * lbK * 2);
@@ -1585,12 +1611,14 @@ __host__ __device__ inline DstateSLayout dstate_s_layout(int Dk, int BV, int Rp)
 __host__ __device__ constexpr bool walk_bf16_tiles(Mma mm, int Dv) { return mm == Mma::Bf16 && Dv % 32 == 0; }
 
 
-template <Mma MM>
+// Phase B's strips a warp of a wide walk holds (dstate_walk_wide allows no more).
+constexpr int kWideStrips = 2;
+template <Mma MM, bool WIDE>
 __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
-  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = a.BV, c0 = blockIdx.x * BV;
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, BV = WIDE ? a.Dv : a.BV, c0 = blockIdx.x * BV;
   const int Dk = a.Dk, Dv = a.Dv, Rp = a.Rp, nh = a.nh, tid = threadIdx.x, warp = tid >> 5;
-  const DstateSLayout L = dstate_s_layout(Dk, BV, Rp);
+  const DstateSLayout L = dstate_s_layout(Dk, BV, Rp, WIDE);
   const int lbK = Dk + kBfPad, lbS = BV + kBfPad, lbE = kE + kBfPad, ldS = BV + 4;
   auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
   float* dS = reinterpret_cast<float*>(smb + L.dS);
@@ -1636,8 +1664,9 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     prefetch_l2(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk));
     prefetch_l2(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk));
   };
-  each(Dk, BV, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
+  if constexpr (!WIDE) each(Dk, BV, [&](int r, int col) { dS[r * ldS + col] = 0.f; });
   each(Dk, BV, [&](int r, int col) { Shi[r * lbS + col] = Slo[r * lbS + col] = __float2bfloat16_rn(0.f); });
+  uint32_t lo2[kWideStrips][4][2] = {};  // WIDE: the remainders' remainders of this lane's dS pairs
   stage1(a.NC - 1);
   __syncthreads();
   const int lane = tid & 31, g = lane >> 2, sn = BV >> 5;
@@ -1645,7 +1674,7 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     const size_t ch = chunk(c);
     // Phase A: dS (after chunk c) out; dU~.
     if (c > 0) prefetch1(c - 1);
-    if (a.hg)
+    if (WIDE || a.hg)  // (a wide walk runs only with a.hg)
       put_bf16_tile(a.dS, ch * Dk * Dv + c0, Dv, Shi, lbS, Dk, BV);
     else
       copy_tile(a.dS + ch * Dk * Dv + c0, Dv, dS, ldS, Dk, BV);
@@ -1676,11 +1705,35 @@ __global__ void __launch_bounds__(kThreads) dstate_s_kernel(Args a) {
     // remainders' products first).
     if (c > 0) prefetch2(c - 1);
     const float g63 = gam[c & 1][kE - 1];
-    mm_s_to<true, false>(
-        Dk, BV,
-        decayed_state(dS, ldS, Shi, Slo, lbS, g63),
-        {TermS{Wlo, lbK, Uhi, lbS, kE}, TermS{Whi, lbK, Ulo, lbS, kE}, TermS{Qh, lbK, dOg, lbS, Rp},
-         TermS{Whi, lbK, Uhi, lbS, kE}});
+    const TermS terms[4] = {TermS{Wlo, lbK, Uhi, lbS, kE}, TermS{Whi, lbK, Ulo, lbS, kE}, TermS{Qh, lbK, dOg, lbS, Rp},
+                            TermS{Whi, lbK, Uhi, lbS, kE}};
+    if constexpr (WIDE) {
+      // mm_s_to's strips and epilogue (decayed_state), dS read from and written to its three parts.
+      const int strips = (Dk >> 4) * sn, t2 = (lane & 3) * 2;
+#pragma unroll
+      for (int s = 0; s < kWideStrips; ++s) {
+        const int t = warp + s * kMaxWarps;
+        if (t >= strips) break;
+        const int m0 = (t / sn) * 16, n0 = (t % sn) * 32;
+        float acc[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) strip_s<true, false>(acc, terms[i].A, terms[i].lda, terms[i].B, terms[i].ldb, m0, n0, terms[i].K);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int at = (m0 + g + 8 * hh) * lbS + n0 + 8 * q + t2;
+            uint32_t& r2 = lo2[s][q][hh];
+            float2 x = join3(*reinterpret_cast<const uint32_t*>(Shi + at), *reinterpret_cast<const uint32_t*>(Slo + at), r2);
+            x.x = g63 * x.x + acc[q][2 * hh], x.y = g63 * x.y + acc[q][2 * hh + 1];
+            split3(x, reinterpret_cast<uint32_t*>(Shi + at), reinterpret_cast<uint32_t*>(Slo + at), r2);
+          }
+      }
+    } else {
+      mm_s_to<true, false>(Dk, BV, decayed_state(dS, ldS, Shi, Slo, lbS, g63), terms);
+    }
     if (c > 0) stage1(c - 1);
     __syncthreads();
   }
@@ -2306,20 +2359,41 @@ bool state_s_fits(const DeltaRuleDims& d) {
 // would take more waves of the SMs: a chunk then costs a block 1.4x (measured, H200: 11.4 vs
 // 8.2 us at head dim 128; phase B does two strips a warp instead of one, the staging of K~ and W
 // is the same), so it pays where the waves drop by more than that.
+// Whether a walk's blocks of all Dv columns (one per sequence and head) take fewer waves of the
+// SMs than blocks of BV columns by more than cost10 / 10, a wide block's cost per chunk against a
+// narrow one's.
+bool walk_wide_pays(const DeltaRuleDims& d, int cost10) {
+  const Geometry gm = geometry(d);
+  const long long bh = (long long)d.B * d.H, sms = lrnn::cuda::num_sms();
+  const long long waves = (bh * (d.Dv / gm.BV) + sms - 1) / sms, waves_wide = (bh + sms - 1) / sms;
+  return 10 * waves > cost10 * waves_wide;
+}
 template <Mma P>
 bool state_walk_wide(const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
   if (gm.BV == d.Dv || d.Dv > 128 || !walk_bf16_tiles(P, d.Dv) ||
       state_s_layout(d.Dk, d.Dv, true).bytes > dynamic_smem_limit<state_s_kernel<P, true>>())
     return false;
-  const long long bh = (long long)d.B * d.H, sms = lrnn::cuda::num_sms();
-  const long long waves = (bh * (d.Dv / gm.BV) + sms - 1) / sms, waves_wide = (bh + sms - 1) / sms;
-  return 10 * waves > 14 * waves_wide;
+  return walk_wide_pays(d, 14);
 }
 template <Mma P>
 bool dstate_s_fits(const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
-  return walk_bf16_tiles(P, d.Dv) && dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes <= dynamic_smem_limit<dstate_s_kernel<P>>();
+  return walk_bf16_tiles(P, d.Dv) &&
+         dstate_s_layout(d.Dk, gm.BV, gm.Rp, false).bytes <= dynamic_smem_limit<dstate_s_kernel<P, false>>();
+}
+// The same for the backward's walk (dstate_s_kernel<P, true>; with dS and dU~ stored as bf16,
+// Args::hg): phase A's strips are then one per warp, phase B's two (kWideStrips), where blocks of
+// 64 columns have half their warps idle in phase A and one strip a warp in phase B. Predicted 1.5x
+// a chunk; measured (H200, B 8 x T 4096 x H 16) 17.0 vs 10.9 us, 1.56x: the walk 1396-1399 ->
+// 1087 us there.
+template <Mma P>
+bool dstate_walk_wide(const DeltaRuleDims& d) {
+  const Geometry gm = geometry(d);
+  if (gm.BV == d.Dv || d.Dv > 128 || !walk_bf16_tiles(P, d.Dv) || (d.Dk / 16) * (d.Dv / 32) > kWideStrips * kMaxWarps ||
+      dstate_s_layout(d.Dk, d.Dv, gm.Rp, true).bytes > dynamic_smem_limit<dstate_s_kernel<P, true>>())
+    return false;
+  return walk_wide_pays(d, 16);
 }
 template <Mma P>
 bool grad_s_fits(const DeltaRuleDims& d) {
@@ -2389,8 +2463,10 @@ void backward_impl(const Args& args, const DeltaRuleDims& d) {
   if constexpr (walk_bf16_tiles(P, 32)) {
     const bool tiles = dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0;  // it reads dO rows as float4
     a.hg = tiles && grad_s_fits<P>(d);
-    if (tiles)
-      launch<dstate_s_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp).bytes, a);
+    if (a.hg && dstate_walk_wide<P>(d))
+      launch<dstate_s_kernel<P, true>>("delta chunked: dstate", dim3(1, BH), dstate_s_layout(d.Dk, d.Dv, gm.Rp, true).bytes, a);
+    else if (tiles)
+      launch<dstate_s_kernel<P, false>>("delta chunked: dstate", dim3(VB, BH), dstate_s_layout(d.Dk, gm.BV, gm.Rp, false).bytes, a);
     else
       launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
   } else {
@@ -2482,6 +2558,10 @@ bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool) {
 
 bool delta_rule_chunked_state_walk_wide(const DeltaRuleDims& d) {
   return delta_rule_chunked_cuda_applies(d) && mma_mode() == Mma::Bf16 && state_walk_wide<Mma::Bf16>(d);
+}
+bool delta_rule_chunked_dstate_walk_wide(const DeltaRuleDims& d) {
+  return delta_rule_chunked_cuda_applies(d) && mma_mode() == Mma::Bf16 && dstate_s_fits<Mma::Bf16>(d) &&
+         grad_s_fits<Mma::Bf16>(d) && dstate_walk_wide<Mma::Bf16>(d);
 }
 
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
