@@ -797,6 +797,45 @@ TEST(DeltaRuleCudaChunked, BackwardRefusesACheckpointOfAnotherPrecision) {
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
 
+// The bf16 backward walk reads the output gradients as 16-byte rows; where they do not start
+// 16-byte aligned (a caller's slice may start anywhere) the op copies them to an aligned buffer
+// first, so that the same kernels run: the same gradients, bit for bit.
+TEST(DeltaRuleCudaChunked, BackwardTakesOutputGradientsAtAnyAlignment) {
+  LRNN_REQUIRE_GPU();
+  using lrnn::cuda::GemmPrecision;
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
+  lrnn::cuda::set_gemm_precision(GemmPrecision::BF16);
+  const DeltaRuleDims d = dims(1, 200, 2, 128, 128, 1, EigenRange::Signed);
+  const size_t n = size_t(d.T) * d.H * 128, nb = size_t(d.T) * d.H;
+  const auto dout_h = randn(n, 1, 1.0, 5);
+  auto q = to_device(randn(n, 1, 1.0, 1)), k = to_device(randn(n, 1, 0.2, 2)), v = to_device(randn(n, 1, 1.0, 3)),
+       bl = to_device(randn(nb, 1, 1.0, 4)), dout = to_device(dout_h);
+  std::vector<float> shifted(n + 1, 0.f);
+  std::copy(dout_h.begin(), dout_h.end(), shifted.begin() + 1);
+  auto dout1 = to_device(shifted);  // dout1.data() + 1: 4 bytes past a 16-byte boundary
+  Buffer<float> o(n), ck(lrnn::ops::delta_rule_ckpt_size(d));
+  lrnn::ops::cuda::delta_rule_forward(o.data(), q.data(), k.data(), v.data(), bl.data(), nullptr, d, ck.data());
+  auto bwd = [&](const float* dy) {
+    Buffer<float> dq(n), dk(n), dv(n), db(nb);
+    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), nullptr, dy, q.data(), k.data(),
+                                         v.data(), bl.data(), nullptr, d, ck.data(), false);
+    lrnn::cuda::synchronize();
+    std::vector<float> r = dq.download();
+    for (auto* b : {&dk, &dv, &db}) {
+      const auto x = b->download();
+      r.insert(r.end(), x.begin(), x.end());
+    }
+    return r;
+  };
+  const auto aligned = bwd(dout.data()), unaligned = bwd(dout1.data() + 1);
+  ASSERT_EQ(aligned.size(), unaligned.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < aligned.size(); ++i) differ += std::memcmp(&aligned[i], &unaligned[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << aligned.size() << " gradients";
+  lrnn::cuda::set_gemm_precision(GemmPrecision::TF32);
+  lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
+}
+
 // The fast products' error, TF32 and bf16. The rule: the fast path's error against an fp64
 // reference is at most about that of a straightforward implementation at the same input
 // precision, i.e. the fp64 recurrence run on the inputs rounded to TF32 (10-bit mantissa) or bf16

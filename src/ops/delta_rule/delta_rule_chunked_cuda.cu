@@ -2461,7 +2461,7 @@ void backward_impl(const Args& args, const DeltaRuleDims& d) {
   a.hs = states_half<P>(d);
   // prep's arrays are the forward's, in the checkpoint.
   if constexpr (walk_bf16_tiles(P, 32)) {
-    const bool tiles = dstate_s_fits<P>(d) && (reinterpret_cast<uintptr_t>(a.dout) & 15) == 0;  // it reads dO rows as float4
+    const bool tiles = dstate_s_fits<P>(d);  // (dO 16-byte aligned: delta_rule_backward_chunked)
     a.hg = tiles && grad_s_fits<P>(d);
     if (a.hg && dstate_walk_wide<P>(d))
       launch<dstate_s_kernel<P, true>>("delta chunked: dstate", dim3(1, BH), dstate_s_layout(d.Dk, d.Dv, gm.Rp, true).bytes, a);
@@ -2507,6 +2507,13 @@ void run_backward(const Args& a, const DeltaRuleDims& d) {
 // checkpoint buffer was last written in (by address, on this host thread): a backward under another
 // GEMM precision than its forward's would read the states in the wrong format.
 bool states_half_now(const DeltaRuleDims& d) { return mma_mode() == Mma::Bf16 && states_half<Mma::Bf16>(d); }
+// Where the output gradients do not start 16-byte aligned (a caller's slice), the backward copies
+// them to this buffer first: the bf16 walk reads their rows 16 bytes at a time, and so every
+// alignment takes the same kernels (the same results).
+Workspace& dout_copy() {
+  static thread_local Workspace w;
+  return w;
+}
 std::unordered_map<const float*, bool>& ckpt_formats() {
   static thread_local std::unordered_map<const float*, bool> m;
   return m;
@@ -2589,6 +2596,12 @@ void delta_rule_backward_chunked(float* dq, float* dk, float* dv, float* dbeta_l
                          "CUDA chunked delta rule: the checkpoint was written under another GEMM precision (its "
                          "states are stored as bf16 only under BF16); run the forward and backward under one",
                          __FILE__, __LINE__);
+  }
+  if ((reinterpret_cast<uintptr_t>(dout) & 15) != 0) {
+    const size_t n = size_t(d.B) * d.T * d.H * d.Dv;
+    float* copy = dout_copy().get(n);
+    LRNN_CUDA_CHECK(cudaMemcpyAsync(copy, dout, n * sizeof(float), cudaMemcpyDeviceToDevice, lrnn::cuda::stream()));
+    dout = copy;
   }
   // Without the forward's checkpoints they are recomputed into the workspace.
   Args a = make(d, true, const_cast<float*>(ckpt));

@@ -52,8 +52,7 @@ bool delta_rule_chunked_cuda_pays(const DeltaRuleDims& d, bool gated);
 // sequence and head (all value columns) rather than blocks of 64 columns: where the latter would
 // take more waves of the GPU's SMs (the same results, bit for bit).
 bool delta_rule_chunked_state_walk_wide(const DeltaRuleDims& d);
-// The same for the backward's walk (dS), where the dS and dU~ it writes are bf16 (given 16-byte
-// aligned output gradients).
+// The same for the backward's walk (dS).
 bool delta_rule_chunked_dstate_walk_wide(const DeltaRuleDims& d);
 void delta_rule_forward_chunked(float* o, const float* q, const float* k, const float* v, const float* beta_logit,
                                 const float* g, const DeltaRuleDims& d, float* ckpt, float* state);
