@@ -914,6 +914,57 @@ __device__ void round_keys(float* X, int ldx, float* Kg, int Dk, float* beta, bf
   }
   __syncthreads();
 }
+// round_keys in one pass where a lane holds its share of the keys (prep_s, Dk <= 128): each warp's
+// rows (round_keys' rows: warp + 8 u) loaded at once, before the queries are staged, and after the
+// barrier that makes beta ready rounded, written (Kg, Kh) and their norms reduced together — the
+// same sums in the same order, so the same beta~ bit for bit. (ncu, H200, B 8 x T 2048 x H 8: the
+// gathers and round_keys, each row's shuffles after the last, were 39 % of prep_s's stall samples.)
+struct HeldKeys {
+  static constexpr int kRows = kE / (kPrepThreads / 32), kCols = 4;  // per lane: Dk <= 32 kCols
+  float x[kRows][kCols];
+  template <class RowOff>
+  __device__ __forceinline__ void load(const float* k, int Dk, RowOff rowoff) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      const long long off = rowoff(warp + 8 * u);
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const int col = lane + 32 * j;
+        x[u][j] = off >= 0 && col < Dk ? k[off + col] : 0.f;
+      }
+    }
+  }
+  // Ends with a barrier.
+  template <Mma MM>
+  __device__ __forceinline__ void round(float* Kg, int Dk, float* beta, bf16* Kh, int lbK) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float n[kRows], nr[kRows];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      const int i = warp + 8 * u;
+      n[u] = nr[u] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const int col = lane + 32 * j;
+        if (col >= Dk) continue;
+        const float v = x[u][j], vr = operand_value<MM>(v);
+        Kg[size_t(i) * Dk + col] = vr;
+        Kh[i * lbK + col] = __float2bfloat16_rn(vr);
+        n[u] += v * v, nr[u] += vr * vr;
+      }
+    }
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) n[u] += __shfl_xor_sync(kFull, n[u], o), nr[u] += __shfl_xor_sync(kFull, nr[u], o);
+    if (lane == 0)
+#pragma unroll
+      for (int u = 0; u < kRows; ++u)
+        if (nr[u] > 0.f) beta[warp + 8 * u] *= n[u] / nr[u];
+    __syncthreads();
+  }
+};
+static_assert(kPrepThreads == 256, "HeldKeys: 8 warps, 8 rows each");
 // G = the cumulative log decay (in double), gam = exp(G); G and beta written out for the other
 // kernels. A barrier after G, none at the end.
 __device__ void prep_decays(const Args& a, size_t ch, double* G, const float* beta, float* gam) {
@@ -1081,14 +1132,23 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
   float* Kg = a.Kc + ch * kE * Dk;
   float* Qg = a.Qc + ch * size_t(Rp) * Dk;
   prefetch_l2(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });  // staged after the solve
-  gather_rows(X, ldx, nullptr, a.k, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+  const bool held = Dk <= 32 * HeldKeys::kCols;
+  HeldKeys keys;
+  auto krow = [&](int i) { return key_row(a, b, h, c, i); };
+  if (held)
+    keys.load(a.k, Dk, krow);
+  else
+    gather_rows(X, ldx, nullptr, a.k, kE, Dk, krow);
   stage_rows<false>(a.q, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); }, [&](int r, int col, float4 v) {
     *reinterpret_cast<float4*>(Qg + size_t(r) * Dk + col) = v;
     put_bf16x4(Qh + r * lbK + col, v);
   });
   prep_events(a, b, h, c, beta, gam);
   __syncthreads();
-  round_keys<MM>(X, ldx, Kg, Dk, beta, Kh, lbK);
+  if (held)
+    keys.round<MM>(Kg, Dk, beta, Kh, lbK);
+  else
+    round_keys<MM>(X, ldx, Kg, Dk, beta, Kh, lbK);
   prep_decays(a, ch, G, beta, gam);
   // K K^T; P = (Q K^T) . exp(G_row - G_j) for j <= row, else 0 (as prep_kernel's), written out.
   mm_s_to<false, true>(kE, kE, [&](int r, int col, float x, float y) { *reinterpret_cast<float2*>(As + r * kLdE + col) = make_float2(x, y); },
@@ -1104,7 +1164,24 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
     *reinterpret_cast<float2*>(Pg + r * kE + j) = v;
   }, {TermS{Qh, lbK, Kh, lbK, Dk}});
   __syncthreads();
-  form_mt(As, Mt, beta, G);
+  // diag(beta~) V into Q's region (free now) as bf16, its loads in flight over form_mt (Dv <= 128:
+  // a float4 of each of the warp's 8 rows a lane), else staged after the solve.
+  const bool vheld = Dv <= 128;
+  if (vheld) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float4 vv[HeldKeys::kRows];
+#pragma unroll
+    for (int u = 0; u < HeldKeys::kRows; ++u) {
+      const long long off = value_row(a, b, h, c, warp + 8 * u);
+      vv[u] = off >= 0 && 4 * lane < Dv ? load4(a.v + off + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    form_mt(As, Mt, beta, G);
+#pragma unroll
+    for (int u = 0; u < HeldKeys::kRows; ++u)
+      if (4 * lane < Dv) put_bf16x4(Vh + (warp + 8 * u) * lbV + 4 * lane, vv[u], beta[warp + 8 * u]);
+  } else {
+    form_mt(As, Mt, beta, G);
+  }
   __syncthreads();
   solve_tinv(Mt, Tn);
   __syncthreads();
@@ -1115,8 +1192,9 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
     put_split(Xhi + i * lbK + 2 * j, Xlo + i * lbK + 2 * j, f * __bfloat162float(Kh[i * lbK + 2 * j]),
               f * __bfloat162float(Kh[i * lbK + 2 * j + 1]));
   });
-  stage_rows<false>(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); },
-                    [&](int r, int col, float4 v) { put_bf16x4(Vh + r * lbV + col, v, beta[r]); });
+  if (!vheld)
+    stage_rows<false>(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); },
+                      [&](int r, int col, float4 v) { put_bf16x4(Vh + r * lbV + col, v, beta[r]); });
   __syncthreads();
   // W = Tinv diag(beta gamma) K~ (it carries the state: the remainders' products first), U = Tinv diag(beta) V.
   float* Wg = a.W + ch * kE * Dk;
