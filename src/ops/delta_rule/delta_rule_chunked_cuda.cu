@@ -2433,10 +2433,6 @@ bool state_s_fits(const DeltaRuleDims& d) {
   return walk_bf16_tiles(P, d.Dv) &&
          state_s_layout(d.Dk, geometry(d).BV, false).bytes <= dynamic_smem_limit<state_s_kernel<P, false>>();
 }
-// The state walk in one block per sequence and head (all Dv columns) where blocks of BV columns
-// would take more waves of the SMs: a chunk then costs a block 1.4x (measured, H200: 11.4 vs
-// 8.2 us at head dim 128; phase B does two strips a warp instead of one, the staging of K~ and W
-// is the same), so it pays where the waves drop by more than that.
 // Whether a walk's blocks of all Dv columns (one per sequence and head) take fewer waves of the
 // SMs than blocks of BV columns by more than cost10 / 10, a wide block's cost per chunk against a
 // narrow one's.
@@ -2446,6 +2442,10 @@ bool walk_wide_pays(const DeltaRuleDims& d, int cost10) {
   const long long waves = (bh * (d.Dv / gm.BV) + sms - 1) / sms, waves_wide = (bh + sms - 1) / sms;
   return 10 * waves > cost10 * waves_wide;
 }
+// The state walk in one block per sequence and head (all Dv columns) where blocks of BV columns
+// would take more waves of the SMs: a chunk then costs a block 1.4x (measured, H200: 11.4 vs
+// 8.2 us at head dim 128; phase B does two strips a warp instead of one, the staging of K~ and W
+// is the same), so it pays where the waves drop by more than that.
 template <Mma P>
 bool state_walk_wide(const DeltaRuleDims& d) {
   const Geometry gm = geometry(d);
