@@ -719,47 +719,51 @@ TEST(DeltaRuleCudaChunked, WideWalksEqualNarrowBitForBit) {
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
   lrnn::cuda::set_gemm_precision(GemmPrecision::BF16);
   const int H = lrnn::cuda::num_sms() / 4 + 1;  // B 2: 4H > SMs blocks of 64 columns, 2H <= SMs per sequence
-  const DeltaRuleDims full = dims(2, 256, H, 128, 128, 1, EigenRange::Signed), one = dims(1, 256, H, 128, 128, 1, EigenRange::Signed);
-  ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(full));
-  ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(one));
-  ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(full));
-  ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(one));
-  Opts o;
-  o.gate = true, o.g_lo = -2;
-  const Problem p(full, o);
-  const size_t per_q = size_t(full.T) * full.lq(), per_k = size_t(full.T) * full.lk(), per_v = size_t(full.T) * full.lv(),
-               per_b = size_t(full.T) * full.lb(), per_o = size_t(full.T) * H * full.Dv, per_g = size_t(full.T) * H;
-  auto x = to_device(p.x), g = to_device(p.g), dout = to_device(p.dout);
-  // Runs forward and backward on sequences [b0, b0 + d.B) and returns o, then the gradients of x
-  // and g, each in the full problem's layout (zeros outside those sequences).
-  auto run = [&](const DeltaRuleDims& d, int b0) {
-    Buffer<float> out(p.N * H * full.Dv), ck(lrnn::ops::delta_rule_ckpt_size(d)), gx(p.x.size()), gg(p.g.size());
-    out.zero(), gx.zero(), gg.zero();
-    const float *q = p.q(x.data()) + b0 * per_q, *k = p.k(x.data()) + b0 * per_k, *v = p.v(x.data()) + b0 * per_v,
-                *bl = p.b(x.data()) + b0 * per_b, *gp = g.data() + b0 * per_g;
-    lrnn::ops::cuda::delta_rule_forward(out.data() + b0 * per_o, q, k, v, bl, gp, d, ck.data());
-    lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q + b0 * per_q, gx.data() + p.off_k + b0 * per_k,
-                                         gx.data() + p.off_v + b0 * per_v, gx.data() + p.off_b + b0 * per_b,
-                                         gg.data() + b0 * per_g, dout.data() + b0 * per_o, q, k, v, bl, gp, d,
-                                         ck.data(), false);
-    lrnn::cuda::synchronize();
-    auto r = out.download();
-    const auto a = gx.download(), b = gg.download();
-    r.insert(r.end(), a.begin(), a.end());
-    r.insert(r.end(), b.begin(), b.end());
-    return r;
-  };
-  const auto wide = run(full, 0);
-  auto narrow = run(one, 0);
-  const auto second = run(one, 1);
-  for (size_t i = 0; i < narrow.size(); ++i) {  // the second call's elements (all bits 0 elsewhere)
-    uint32_t u;
-    std::memcpy(&u, &second[i], 4);
-    if (u != 0) narrow[i] = second[i];
+  for (const int nh : {1, 2}) {  // (n_h 2: 32 tokens and 32 query rows a chunk)
+    SCOPED_TRACE("n_h " + std::to_string(nh));
+    const DeltaRuleDims full = dims(2, 256, H, 128, 128, nh, EigenRange::Signed),
+                        one = dims(1, 256, H, 128, 128, nh, EigenRange::Signed);
+    ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(full));
+    ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_state_walk_wide(one));
+    ASSERT_TRUE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(full));
+    ASSERT_FALSE(lrnn::ops::cuda::delta_rule_chunked_dstate_walk_wide(one));
+    Opts o;
+    o.gate = true, o.g_lo = -2;
+    const Problem p(full, o);
+    const size_t T = full.T, per_q = T * full.lq(), per_k = T * full.lk(), per_v = T * full.lv(), per_b = T * full.lb(),
+                 per_o = T * H * full.Dv, per_g = T * H;
+    auto x = to_device(p.x), g = to_device(p.g), dout = to_device(p.dout);
+    // Runs forward and backward on sequences [b0, b0 + d.B) and returns o, then the gradients of x
+    // and g, each in the full problem's layout (zeros outside those sequences).
+    auto run = [&](const DeltaRuleDims& d, int b0) {
+      Buffer<float> out(p.N * H * full.Dv), ck(lrnn::ops::delta_rule_ckpt_size(d)), gx(p.x.size()), gg(p.g.size());
+      out.zero(), gx.zero(), gg.zero();
+      const float *q = p.q(x.data()) + b0 * per_q, *k = p.k(x.data()) + b0 * per_k, *v = p.v(x.data()) + b0 * per_v,
+                  *bl = p.b(x.data()) + b0 * per_b, *gp = g.data() + b0 * per_g;
+      lrnn::ops::cuda::delta_rule_forward(out.data() + b0 * per_o, q, k, v, bl, gp, d, ck.data());
+      lrnn::ops::cuda::delta_rule_backward(gx.data() + p.off_q + b0 * per_q, gx.data() + p.off_k + b0 * per_k,
+                                           gx.data() + p.off_v + b0 * per_v, gx.data() + p.off_b + b0 * per_b,
+                                           gg.data() + b0 * per_g, dout.data() + b0 * per_o, q, k, v, bl, gp, d,
+                                           ck.data(), false);
+      lrnn::cuda::synchronize();
+      auto r = out.download();
+      const auto a = gx.download(), b = gg.download();
+      r.insert(r.end(), a.begin(), a.end());
+      r.insert(r.end(), b.begin(), b.end());
+      return r;
+    };
+    const auto wide = run(full, 0);
+    auto narrow = run(one, 0);
+    const auto second = run(one, 1);
+    for (size_t i = 0; i < narrow.size(); ++i) {  // the second call's elements (all bits 0 elsewhere)
+      uint32_t u;
+      std::memcpy(&u, &second[i], 4);
+      if (u != 0) narrow[i] = second[i];
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < wide.size(); ++i) differ += std::memcmp(&wide[i], &narrow[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << wide.size() << " outputs and gradients";
   }
-  size_t differ = 0;
-  for (size_t i = 0; i < wide.size(); ++i) differ += std::memcmp(&wide[i], &narrow[i], 4) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << wide.size() << " outputs and gradients";
   lrnn::cuda::set_gemm_precision(GemmPrecision::TF32);
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
