@@ -706,6 +706,31 @@ TEST(DeltaRuleCudaChunked, TheOpChoosesByShape) {
   EXPECT_FALSE(pays(4096, 100, 100));
 }
 
+// Elements whose bits differ between a and b (the same length).
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
+  return n;
+}
+// Device inputs for dims d in the packed layout at head dims 128: q, v ~ N(0, 1), k ~ N(0, 0.2),
+// beta logits ~ N(0, 1) (seeds 1-4).
+struct PlainInputs {
+  Buffer<float> q, k, v, bl;
+  explicit PlainInputs(const DeltaRuleDims& d) : PlainInputs(size_t(d.T) * d.H) {}
+  explicit PlainInputs(size_t rows)
+      : q(to_device(randn(rows * 128, 1, 1.0, 1))), k(to_device(randn(rows * 128, 1, 0.2, 2))),
+        v(to_device(randn(rows * 128, 1, 1.0, 3))), bl(to_device(randn(rows, 1, 1.0, 4))) {}
+  void forward(float* o, const DeltaRuleDims& d, float* ck) const {
+    lrnn::ops::cuda::delta_rule_forward(o, q.data(), k.data(), v.data(), bl.data(), nullptr, d, ck);
+  }
+  // Gradients overwritten (dq, dk, dv sized as q; db as bl) from dout and the forward's checkpoint.
+  void backward(Buffer<float>& dq, Buffer<float>& dk, Buffer<float>& dv, Buffer<float>& db, const float* dout,
+                const DeltaRuleDims& d, const float* ck) const {
+    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), nullptr, dout, q.data(), k.data(),
+                                         v.data(), bl.data(), nullptr, d, ck, false);
+  }
+};
+
 // Where blocks of 64 state columns would take two waves of the SMs, the bf16 walks (the state's
 // forward, dS's backward) take a block per sequence and head (all columns). Each result element is
 // the same sequence of MMAs either way (the backward's wide walk keeps dS as three bf16 parts that
@@ -760,9 +785,7 @@ TEST(DeltaRuleCudaChunked, WideWalksEqualNarrowBitForBit) {
       std::memcpy(&u, &second[i], 4);
       if (u != 0) narrow[i] = second[i];
     }
-    size_t differ = 0;
-    for (size_t i = 0; i < wide.size(); ++i) differ += std::memcmp(&wide[i], &narrow[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << "of " << wide.size() << " outputs and gradients";
+    EXPECT_EQ(bits_differ(wide, narrow), 0u) << "of " << wide.size() << " outputs and gradients";
   }
   lrnn::cuda::set_gemm_precision(GemmPrecision::TF32);
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
@@ -776,14 +799,11 @@ TEST(DeltaRuleCudaChunked, BackwardRefusesACheckpointOfAnotherPrecision) {
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
   const DeltaRuleDims d = dims(1, 128, 1, 128, 128, 1, EigenRange::Signed);
   const size_t n = size_t(d.T) * 128;
-  auto q = to_device(randn(n, 1, 1.0, 1)), k = to_device(randn(n, 1, 0.2, 2)), v = to_device(randn(n, 1, 1.0, 3)),
-       bl = to_device(randn(size_t(d.T), 1, 1.0, 4)), dout = to_device(randn(n, 1, 1.0, 5));
+  const PlainInputs in(d);
+  auto dout = to_device(randn(n, 1, 1.0, 5));
   Buffer<float> o(n), ck(lrnn::ops::delta_rule_ckpt_size(d)), dq(n), dk(n), dv(n), db(size_t(d.T));
-  auto fwd = [&] { lrnn::ops::cuda::delta_rule_forward(o.data(), q.data(), k.data(), v.data(), bl.data(), nullptr, d, ck.data()); };
-  auto bwd = [&] {
-    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), nullptr, dout.data(), q.data(),
-                                         k.data(), v.data(), bl.data(), nullptr, d, ck.data(), false);
-  };
+  auto fwd = [&] { in.forward(o.data(), d, ck.data()); };
+  auto bwd = [&] { in.backward(dq, dk, dv, db, dout.data(), d, ck.data()); };
   const std::pair<GemmPrecision, GemmPrecision> cases[] = {{GemmPrecision::TF32, GemmPrecision::BF16},
                                                            {GemmPrecision::BF16, GemmPrecision::TF32},
                                                            {GemmPrecision::BF16, GemmPrecision::BF16}};
@@ -812,17 +832,16 @@ TEST(DeltaRuleCudaChunked, BackwardTakesOutputGradientsAtAnyAlignment) {
   const DeltaRuleDims d = dims(1, 200, 2, 128, 128, 1, EigenRange::Signed);
   const size_t n = size_t(d.T) * d.H * 128, nb = size_t(d.T) * d.H;
   const auto dout_h = randn(n, 1, 1.0, 5);
-  auto q = to_device(randn(n, 1, 1.0, 1)), k = to_device(randn(n, 1, 0.2, 2)), v = to_device(randn(n, 1, 1.0, 3)),
-       bl = to_device(randn(nb, 1, 1.0, 4)), dout = to_device(dout_h);
+  const PlainInputs in(d);
+  auto dout = to_device(dout_h);
   std::vector<float> shifted(n + 1, 0.f);
   std::copy(dout_h.begin(), dout_h.end(), shifted.begin() + 1);
   auto dout1 = to_device(shifted);  // dout1.data() + 1: 4 bytes past a 16-byte boundary
   Buffer<float> o(n), ck(lrnn::ops::delta_rule_ckpt_size(d));
-  lrnn::ops::cuda::delta_rule_forward(o.data(), q.data(), k.data(), v.data(), bl.data(), nullptr, d, ck.data());
+  in.forward(o.data(), d, ck.data());
   auto bwd = [&](const float* dy) {
     Buffer<float> dq(n), dk(n), dv(n), db(nb);
-    lrnn::ops::cuda::delta_rule_backward(dq.data(), dk.data(), dv.data(), db.data(), nullptr, dy, q.data(), k.data(),
-                                         v.data(), bl.data(), nullptr, d, ck.data(), false);
+    in.backward(dq, dk, dv, db, dy, d, ck.data());
     lrnn::cuda::synchronize();
     std::vector<float> r = dq.download();
     for (auto* b : {&dk, &dv, &db}) {
@@ -833,9 +852,7 @@ TEST(DeltaRuleCudaChunked, BackwardTakesOutputGradientsAtAnyAlignment) {
   };
   const auto aligned = bwd(dout.data()), unaligned = bwd(dout1.data() + 1);
   ASSERT_EQ(aligned.size(), unaligned.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < aligned.size(); ++i) differ += std::memcmp(&aligned[i], &unaligned[i], 4) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << aligned.size() << " gradients";
+  EXPECT_EQ(bits_differ(aligned, unaligned), 0u) << "of " << aligned.size() << " gradients";
   lrnn::cuda::set_gemm_precision(GemmPrecision::TF32);
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
 }
