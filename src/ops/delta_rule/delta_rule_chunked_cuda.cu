@@ -1530,8 +1530,14 @@ __global__ void __launch_bounds__(kPrepThreads, kOutputSBlocks) output_s_kernel(
       copy_or_stage_to_bf16(a.states, a.hs, (size_t(bh) * (a.NC + 1) + c) * Dk * Dv + c0, Dv, Dk, BV, Sh, lbS);
   const StageToBf16 ut = copy_or_stage_to_bf16(a.Ut, a.hs, ch * kE * Dv + c0, Dv, kE, BV, Uh, lbS);
   __pipeline_commit();
-  stage(stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)), s0);
-  stage(ut, stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE)));
+  const auto qt = stage_tile(a.Qc + ch * Rp * Dk, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK));
+  const auto pt = stage_tile(a.Pm + ch * Rp * kE, Rp, kE, row_stride(kE), bf16_rows(Ph, lbE));
+  if (a.hs) {  // S0 and U~ by cp.async: Q's and P's loads in flight together
+    stage(qt, pt);
+  } else {
+    stage(qt, s0);
+    stage(ut, pt);
+  }
   load_decays(a, ch, G, gam, D);
   __pipeline_wait_prior(0);
   __syncthreads();
