@@ -834,6 +834,7 @@ struct Args {
   float *states, *Ut;
   bool hs, hg;                          // states and U~ / dS and dU~ stored as bf16 (StageToBf16)
   float* state_io;                      // forward: carried state [bh][Dk][Dv] (in and out), or null
+  int BH;                               // sequences x heads
 };
 
 // Where event i (row i of chunk c) and reading row r live.
@@ -1923,17 +1924,34 @@ __device__ float grad_scale_dk(bool gated, float* dK, int ldK, int Dk, Key key, 
   }
   return gated ? block_sum(lane == 0 ? gl_part : 0.f, red) : 0.f;
 }
-// dQ = scale diag(gamma) dO S0^T in place (dQ's rows Rp, from dO S0^T); d G_row += dQ_r . q_r.
+// dQ = scale diag(gamma) dO S0^T in place (dQ's rows Rp, from dO S0^T); with a gate, d G_row +=
+// dQ_r . q_r, a lane's values of q_r loaded before its first store (the stores to dQ may alias
+// them as far as the compiler knows, so a load after a store would wait for it). Without a gate
+// q is not read.
 __device__ void grad_scale_dq(const Args& a, int c, float* dQ, int ldK, const float* Qc, const float* gam, float* dG) {
+  constexpr int kU = 4;  // columns a lane holds at once (head dims up to 128 in one pass)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, Dk = a.Dk, nh = a.nh;
+  const bool gated = a.g != nullptr;
   for (int r = warp; r < a.Rp; r += nwarps()) {
     const float f = row_ok(a, c, r) ? a.scale * gam[r * nh + nh - 1] : 0.f;
     float acc = 0.f;
-    for (int col = lane; col < Dk; col += 32) {
-      float& v = dQ[r * ldK + col];
-      v *= f;
-      acc += v * Qc[size_t(r) * Dk + col];
+    for (int c0 = 0; c0 < Dk; c0 += 32 * kU) {
+      float q[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int col = c0 + lane + 32 * u;
+        q[u] = gated && col < Dk ? Qc[size_t(r) * Dk + col] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int col = c0 + lane + 32 * u;
+        if (col >= Dk) break;
+        float& v = dQ[r * ldK + col];
+        v *= f;
+        acc += v * q[u];
+      }
     }
+    if (!gated) continue;
 #pragma unroll
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(kFull, acc, o);
     if (lane == 0 && row_ok(a, c, r)) dG[r * nh + nh - 1] += acc;
@@ -2147,9 +2165,17 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
 // the two products F K and F^T K are one, (F + F^T) K. Tiles are staged two at a time (their loads
 // in flight together), each phase's later loads asked of L2 a phase or more ahead, and the event
 // terms load a row's values at once (H200, ncu at B 8 x T 2048 x H 8: 856 -> 677 us; the backward
-// 1225 -> 1036 us there, 4816 -> 4025 us at B 8 x T 4096 x H 16). Tried and not kept: a persistent
-// form (a block an SM taking chunk after chunk, asking L2 for the next one's first operands during
-// phase 6): 669 -> 669 us and 2549 -> 2541 us, its waits on memory moved to the barriers.
+// 1225 -> 1036 us there, 4816 -> 4025 us at B 8 x T 4096 x H 16).
+// Persistent: a block per resident slot takes chunk after chunk (grid: resident_blocks). Where U~,
+// S0 and dS are bf16 in memory, the next chunk's three tiles are copied by cp.async into R3-R5
+// once phase 7 is done with them, in flight over phases 8 and 9 and the stores, so phase 0 stages
+// only K~ and dO (H200, one call alternating with the form before, profiled: 651 -> 638 us at
+// B 8 x T 2048 x H 8, 2521-2527 -> 2444-2446 us at B 8 x T 4096 x H 16, with the two loads-before-
+// stores changes of grad_scale_dq and the dP pass; values bit for bit). Thread 0's clock at each
+// barrier (B 8 x T 2048 x H 8, before this change) put phase 0 at 20 % of a chunk's ~68k cycles,
+// phases 2 and 6 (staging and element terms) at 16 % and 18 %, the five product phases together
+// at 33 %. (Persistent with the next chunk's operands only asked of L2 during phase 6: 669 -> 669
+// us and 2549 -> 2541 us, its waits on memory moved to the barriers.)
 //
 // Shared memory (the phases below; every region 128-byte aligned), 219 KB at Dk = Dv = 128:
 //   R0 K~ (bf16)                      R1 dK (fp32 accumulator, the whole kernel)
@@ -2184,9 +2210,7 @@ __host__ __device__ constexpr bool grad_bf16_tiles(Mma mm, int Dk, int Dv) {
 template <Mma MM>
 __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
-  const int c = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, Dk = a.Dk, Dv = a.Dv;
-  const int Rp = a.Rp, nh = a.nh;
-  const size_t ch = size_t(bh) * a.NC + c;
+  const int Dk = a.Dk, Dv = a.Dv, Rp = a.Rp, nh = a.nh;
   const GradSLayout L = grad_s_layout(Dk, Dv);
   const int lbK = L.lbK, lbV = L.lbV, lbE = kE + kBfPad, ldK = Dk + 4, ldV = Dv + 4;
   auto hreg = [&](int i, size_t extra = 0) { return reinterpret_cast<bf16*>(smb + L.r[i] + extra); };
@@ -2197,9 +2221,20 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   __shared__ double G[kE];
   __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kMaxWarps];
   __shared__ int tok[kE];
-  const size_t s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
-  const float* Qc = a.Qc + ch * Rp * Dk;
   const bool gated = a.g != nullptr;
+  // Chunk w = bh * NC + c: where its state and U~ start.
+  auto s_of = [&](int w) { return (size_t(w / a.NC) * (a.NC + 1) + w % a.NC) * Dk * Dv; };
+  auto u_of = [&](int w) { return size_t(w) * kE * Dv; };
+  // Where U~, S0 (a.hs) and dS (a.hg) are bf16 in memory, a chunk's three tiles are copied by
+  // cp.async while the chunk before it finishes (phases 8 and 9 and its stores, which leave their
+  // regions alone), so its phase 0 stages only K~ and dO.
+  const bool ahead = a.hs && a.hg;
+  auto copy_ahead = [&](int w) {
+    copy_or_stage_to_bf16(a.Ut, true, u_of(w), Dv, kE, Dv, R5, lbV);
+    copy_or_stage_to_bf16(a.dS, true, size_t(w) * Dk * Dv, Dv, Dk, Dv, dSh, lbV);
+    copy_or_stage_to_bf16(a.states, true, s_of(w), Dv, Dk, Dv, S0h, lbV);
+    __pipeline_commit();
+  };
   // Epilogues of mm_s_to: fp32 results stored (alpha x) or added, bf16 results stored.
   auto put = [](float* o, int ld, float alpha) {
     return [=](int r, int col, float x, float y) { *reinterpret_cast<float2*>(o + r * ld + col) = make_float2(alpha * x, alpha * y); };
@@ -2219,105 +2254,139 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
       *reinterpret_cast<uint32_t*>(oh + r * ldh + col) = bf16_pair(x, y);
     };
   };
+  const int chunks = a.NC * a.BH;
+  if (ahead && int(blockIdx.x) < chunks) copy_ahead(blockIdx.x);
+  for (int w = blockIdx.x; w < chunks; w += gridDim.x) {
+    const int c = w % a.NC, bh = w / a.NC, b = bh / a.H, h = bh % a.H;
+    const size_t ch = size_t(w), s_at = s_of(w), u_at = u_of(w);
+    const float* Qc = a.Qc + ch * Rp * Dk;
 
-  // Phase 0: stage K~, U~, dS, S0 (two tiles' loads in flight together), dO. Each later phase's
-  // loads from memory are asked of L2 a phase or more ahead (below). (Copying U~, dS and S0 by
-  // cp.async where they are bf16 in memory, all in flight while K~ and dO are staged, was slower:
-  // H200, 2496-2504 -> 2516-2518 us at B 8 x T 4096 x H 16, 644 -> 652 us at B 8 x T 2048 x H 8.)
-  grad_events(a, c, ch, beta, dG, dbeta, tok);
-  stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
-        stage_to_bf16(a.Ut, a.hs, u_at, Dv, kE, Dv, R5, lbV));
-  stage(stage_to_bf16(a.dS, a.hg, ch * Dk * Dv, Dv, Dk, Dv, dSh, lbV),
-        stage_to_bf16(a.states, a.hs, s_at, Dv, Dk, Dv, S0h, lbV));
-  stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
-                    [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
-  load_decays(a, ch, G, gam, D);
-  __syncthreads();
-  // (the gate's sum from the bf16 tiles the products read)
-  float dGL = grad_gate_of_state(gated, dSh, S0h, Dk, Dv, lbV, gam, red);
-  // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
-  prefetch_l2(Qc, Rp, Dk, row_stride(Dk));
-  prefetch_l2_of(a.dUt, a.hg, u_at, Dv, kE, Dv);
-  if (a.accumulate) prefetch_l2(a.dq, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
-  mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
-  mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), {TermS{R6, lbV, S0h, lbV, Dv}});
-  mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), {TermS{R6, lbV, R5, lbV, Dv}});
-  __syncthreads();
-  // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
-  stage(stage_tile(Qc, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
-        stage_to_bf16(a.dUt, a.hg, u_at, Dv, kE, Dv, R4b, lbV));
-  auto key = [&](int i, int col) { return __bfloat162float(Kh[i * lbK + col]); };  // k~: exact in bf16
-  dGL += grad_scale_dk(gated, dK, ldK, Dk, key, D, tok, dG, red);
-  grad_scale_dq(a, c, R2, ldK, Qc, gam, dG);
-  // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token), kept in R8;
-  // dP becomes d(Q K^T) = dP . decay, masked, as bf16 (R6: dO is no longer read).
-  {
-    const float* Pg = a.Pm + ch * Rp * kE;
-    each(Rp, kE, [&](int r, int j) {
-      const int i = r * nh + nh - 1;
-      float e = 0.f, v = 0.f;
-      if (row_ok(a, c, r) && j <= i) {
-        const float dp = dP[r * kLdE + j];
-        e = (gated && j < i && tok[i] != tok[j]) ? dp * Pg[r * kE + j] : 0.f;
-        v = dp * expf(float(G[i] - G[j]));
-      }
-      P1[r * kLdE + j] = e;
-      R6[r * lbE + j] = __float2bfloat16_rn(v);
-    });
-  }
-  __syncthreads();
-  // Phase 3: the gate's sums of e; dQ += dP K, dK += dP^T Q, dW = -dU~ S0^T (U~ = U - W S0).
-  grad_gate_of_e(gated, P1, Rp, nh, dG);
-  prefetch_l2(a.Tm + ch * kE * kE, kE, kE, row_stride(kE));
-  prefetch_l2(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv));
-  prefetch_l2(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk));
-  prefetch_l2(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
-  if (a.accumulate) prefetch_l2(a.dv, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
-  mm_s_to<false, false>(Rp, Dk, add(R2, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
-  mm_s_to<true, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Qh, lbK, Rp}});
-  mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), {TermS{R4b, lbV, S0h, lbV, Dv}});
-  __syncthreads();
-  // Phase 4: dq out; stage Tinv; K K^T.
-  scatter_rows(a.dq, R2, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
-  to_bf16_tile(Th, lbE, a.Tm + ch * kE * kE, kE, kE, kE);
-  mm_s_to<false, true>(kE, kE, put(P1, kLdE, 1.f), {TermS{Kh, lbK, Kh, lbK, Dk}});
-  __syncthreads();
-  // Phase 5: dX = Tinv^T dU~, dY = Tinv^T dW (fp32 for the element terms, bf16 for dM).
-  mm_s_to<true, false>(kE, Dv, put_both(R2, ldV, R6, lbV), {TermS{Th, lbE, R4b, lbV, kE}});
-  mm_s_to<true, false>(kE, Dk, put_both(dY, ldK, dYh, lbK), {TermS{Th, lbE, R5, lbK, kE}});
-  __syncthreads();
-  // Phase 6: stage U and W; per event: dv = beta dX; dbeta = dX . v + gamma dY . k;
-  // dK += beta gamma dY; dG += beta gamma dY . k.
-  stage(stage_tile(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R4b, lbV)),
-        stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(R5, lbK)));
-  grad_event_terms(a, b, h, c, R2, ldV, dY, ldK, key, dK, ldK, beta, gam, dbeta, dG, nullptr, 0);
-  __syncthreads();
-  // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
-  if (a.accumulate) prefetch_l2(a.dk, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
-  mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), {TermS{R6, lbV, R4b, lbV, Dv}, TermS{dYh, lbK, R5, lbK, Dk}});
-  __syncthreads();
-  // Phase 8: M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij (e2 = dM_ij A_ij
-  // kept in R8); F = beta_i dM_ij decay (-> dK += F K + F^T K = (F + F^T) K, as bf16 in R6); e2
-  // scaled by beta_i feeds dG (+ row, - column; not within a token).
-  each(kE, kE, [&](int i, int j) {
-    if (j > i) return;
-    if (j == i) {
-      R6[i * lbE + i] = __float2bfloat16_rn(0.f);
-      return;
+    // Phase 0: stage K~ and dO, U~, dS and S0 copied during the chunk before (ahead), else staged
+    // here (two tiles' loads in flight together). Each later phase's loads from memory are asked of
+    // L2 a phase or more ahead (below). (Copying U~, dS and S0 by cp.async in this phase, in flight
+    // while K~ and dO are staged, was slower than staging them: H200, 2496-2504 -> 2516-2518 us at
+    // B 8 x T 4096 x H 16, 644 -> 652 us at B 8 x T 2048 x H 8.)
+    grad_events(a, c, ch, beta, dG, dbeta, tok);
+    if (ahead) {
+      // (dO is 16-byte aligned: delta_rule_backward_chunked)
+      stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
+            stage_tile(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); }, bf16_rows(R6, lbV)));
+    } else {
+      stage(stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(Kh, lbK)),
+            stage_to_bf16(a.Ut, a.hs, u_at, Dv, kE, Dv, R5, lbV));
+      stage(stage_to_bf16(a.dS, a.hg, ch * Dk * Dv, Dv, Dk, Dv, dSh, lbV),
+            stage_to_bf16(a.states, a.hs, s_at, Dv, Dk, Dv, S0h, lbV));
+      stage_rows<false>(a.dout, Rp, Dv, [&](int r) { return out_row(a, b, h, c, r); },
+                        [&](int r, int col, float4 v) { put_bf16x4(R6 + r * lbV + col, v); });
     }
-    const float dm = R2[i * kLdE + j];
-    const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
-    P1[i * kLdE + j] = dm * P1[i * kLdE + j] * dec;
-    const bf16 f = __float2bfloat16_rn(beta[i] * dm * dec);
-    R6[i * lbE + j] = f, R6[j * lbE + i] = f;
-  });
-  __syncthreads();
-  // Phase 9: dbeta and the gate's sums of e2; dK += (F + F^T) K.
-  grad_beta_of_e2(gated, P1, beta, tok, dbeta, dG);
-  mm_s_to<false, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
-  __syncthreads();
-  scatter_rows(a.dk, dK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
-  write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
+    load_decays(a, ch, G, gam, D);
+    if (ahead) __pipeline_wait_prior(0);
+    __syncthreads();
+    // (the gate's sum from the bf16 tiles the products read)
+    float dGL = grad_gate_of_state(gated, dSh, S0h, Dk, Dv, lbV, gam, red);
+    // Phase 1: U~ dS^T, dO S0^T, dP = scale dO U~^T.
+    prefetch_l2(Qc, Rp, Dk, row_stride(Dk));
+    prefetch_l2_of(a.dUt, a.hg, u_at, Dv, kE, Dv);
+    if (a.accumulate) prefetch_l2(a.dq, Rp, Dk, [&](int r) { return query_row(a, b, h, c, r); });
+    mm_s_to<false, true>(kE, Dk, put(dK, ldK, 1.f), {TermS{R5, lbV, dSh, lbV, Dv}});
+    mm_s_to<false, true>(Rp, Dk, put(R2, ldK, 1.f), {TermS{R6, lbV, S0h, lbV, Dv}});
+    mm_s_to<false, true>(Rp, kE, put(dP, kLdE, a.scale), {TermS{R6, lbV, R5, lbV, Dv}});
+    __syncthreads();
+    // Phase 2: stage Q and dU~; the element terms of dK, dQ and dP.
+    stage(stage_tile(Qc, Rp, Dk, row_stride(Dk), bf16_rows(Qh, lbK)),
+          stage_to_bf16(a.dUt, a.hg, u_at, Dv, kE, Dv, R4b, lbV));
+    auto key = [&](int i, int col) { return __bfloat162float(Kh[i * lbK + col]); };  // k~: exact in bf16
+    dGL += grad_scale_dk(gated, dK, ldK, Dk, key, D, tok, dG, red);
+    grad_scale_dq(a, c, R2, ldK, Qc, gam, dG);
+    // e = dP . P feeds dG (+ to the row's event, - to the column's, unless one token), kept in R8;
+    // dP becomes d(Q K^T) = dP . decay, masked, as bf16 (R6: dO is no longer read).
+    // (A lane's two values of P loaded before its stores, which may alias them: grad_scale_dq.)
+    {
+      static_assert(kE == 64, "two columns a lane");
+      const float* Pg = a.Pm + ch * Rp * kE;
+      const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+      for (int r = warp; r < Rp; r += nwarps()) {
+        const int i = r * nh + nh - 1;
+        float p[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) p[u] = gated ? Pg[r * kE + lane + 32 * u] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int j = lane + 32 * u;
+          float e = 0.f, v = 0.f;
+          if (row_ok(a, c, r) && j <= i) {
+            const float dp = dP[r * kLdE + j];
+            e = (gated && j < i && tok[i] != tok[j]) ? dp * p[u] : 0.f;
+            v = dp * expf(float(G[i] - G[j]));
+          }
+          P1[r * kLdE + j] = e;
+          R6[r * lbE + j] = __float2bfloat16_rn(v);
+        }
+      }
+    }
+    __syncthreads();
+    // Phase 3: the gate's sums of e; dQ += dP K, dK += dP^T Q, dW = -dU~ S0^T (U~ = U - W S0).
+    grad_gate_of_e(gated, P1, Rp, nh, dG);
+    prefetch_l2(a.Tm + ch * kE * kE, kE, kE, row_stride(kE));
+    prefetch_l2(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv));
+    prefetch_l2(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk));
+    prefetch_l2(a.v, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
+    if (a.accumulate) prefetch_l2(a.dv, kE, Dv, [&](int i) { return value_row(a, b, h, c, i); });
+    mm_s_to<false, false>(Rp, Dk, add(R2, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
+    mm_s_to<true, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Qh, lbK, Rp}});
+    mm_s_to<false, true>(kE, Dk, put_h(R5, lbK, -1.f), {TermS{R4b, lbV, S0h, lbV, Dv}});
+    __syncthreads();
+    // Phase 4: dq out; stage Tinv; K K^T.
+    scatter_rows(a.dq, R2, ldK, Rp, Dk, a.accumulate, [&](int r) { return query_row(a, b, h, c, r); });
+    to_bf16_tile(Th, lbE, a.Tm + ch * kE * kE, kE, kE, kE);
+    mm_s_to<false, true>(kE, kE, put(P1, kLdE, 1.f), {TermS{Kh, lbK, Kh, lbK, Dk}});
+    __syncthreads();
+    // Phase 5: dX = Tinv^T dU~, dY = Tinv^T dW (fp32 for the element terms, bf16 for dM).
+    mm_s_to<true, false>(kE, Dv, put_both(R2, ldV, R6, lbV), {TermS{Th, lbE, R4b, lbV, kE}});
+    mm_s_to<true, false>(kE, Dk, put_both(dY, ldK, dYh, lbK), {TermS{Th, lbE, R5, lbK, kE}});
+    __syncthreads();
+    // Phase 6: stage U and W; per event: dv = beta dX; dbeta = dX . v + gamma dY . k;
+    // dK += beta gamma dY; dG += beta gamma dY . k.
+    stage(stage_tile(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(R4b, lbV)),
+          stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(R5, lbK)));
+    grad_event_terms(a, b, h, c, R2, ldV, dY, ldK, key, dK, ldK, beta, gam, dbeta, dG, nullptr, 0);
+    __syncthreads();
+    // Phase 7: dM = -(dX U^T + dY W^T) (the strictly lower part is used), one product over Dv + Dk.
+    if (a.accumulate) prefetch_l2(a.dk, kE, Dk, [&](int i) { return key_row(a, b, h, c, i); });
+    mm_s_to<false, true>(kE, kE, put(R2, kLdE, -1.f), {TermS{R6, lbV, R4b, lbV, Dv}, TermS{dYh, lbK, R5, lbK, Dk}});
+    __syncthreads();
+    // R3, R4 and R5 are not read again for this chunk: the next one's U~, dS and S0 into them; its
+    // K~ and dO asked of L2.
+    if (const int wn = w + gridDim.x; wn < chunks) {
+      if (ahead) copy_ahead(wn);
+      const int cn = wn % a.NC, bhn = wn / a.NC;
+      prefetch_l2(a.Kc + size_t(wn) * kE * Dk, kE, Dk, row_stride(Dk));
+      prefetch_l2(a.dout, Rp, Dv, [&](int r) { return out_row(a, bhn / a.H, bhn % a.H, cn, r); });
+    }
+    // Phase 8: M = I + diag(beta) A, A = (K K^T) . decay: dbeta_i += sum_j dM_ij A_ij (e2 = dM_ij A_ij
+    // kept in R8); F = beta_i dM_ij decay (-> dK += F K + F^T K = (F + F^T) K, as bf16 in R6); e2
+    // scaled by beta_i feeds dG (+ row, - column; not within a token).
+    each(kE, kE, [&](int i, int j) {
+      if (j > i) return;
+      if (j == i) {
+        R6[i * lbE + i] = __float2bfloat16_rn(0.f);
+        return;
+      }
+      const float dm = R2[i * kLdE + j];
+      const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+      P1[i * kLdE + j] = dm * P1[i * kLdE + j] * dec;
+      const bf16 f = __float2bfloat16_rn(beta[i] * dm * dec);
+      R6[i * lbE + j] = f, R6[j * lbE + i] = f;
+    });
+    __syncthreads();
+    // Phase 9: dbeta and the gate's sums of e2; dK += (F + F^T) K.
+    grad_beta_of_e2(gated, P1, beta, tok, dbeta, dG);
+    mm_s_to<false, false>(kE, Dk, add(dK, ldK), {TermS{R6, lbE, Kh, lbK, kE}});
+    __syncthreads();
+    scatter_rows(a.dk, dK, ldK, kE, Dk, a.accumulate, [&](int i) { return key_row(a, b, h, c, i); });
+    write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
+    __syncthreads();  // the next chunk's phase 0 writes what the lines above read
+  }
 }
 
 // ---- host side ----
@@ -2382,7 +2451,7 @@ size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
   const Geometry gm = geometry(d);
   Args a{};
-  a.T = d.T, a.H = d.H, a.Dk = d.Dk, a.Dv = d.Dv, a.nh = d.n_h;
+  a.T = d.T, a.H = d.H, a.Dk = d.Dk, a.Dv = d.Dv, a.nh = d.n_h, a.BH = d.B * d.H;
   a.Ct = gm.Ct, a.NC = gm.NC, a.Rp = gm.Rp, a.BV = gm.BV;
   a.lq = d.lq(), a.lk = d.lk(), a.lv = d.lv(), a.lb = d.lb();
   a.bscale = float(beta_scale(d.range)), a.scale = float(d.out_scale());
@@ -2404,16 +2473,30 @@ Args make(const DeltaRuleDims& d, bool backward, float* ckpt) {
 // name: what LRNN_CUDA_PROFILE=1 reports the kernel's time under. Each kernel is opted in to all
 // the dynamic shared memory it may have once, on its first launch (delta_rule_chunked_cuda_applies
 // keeps every size within it).
-template <auto Kernel, int Threads = kThreads>
-void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
-  lrnn::cuda::OpTimer timer(name);
+template <auto Kernel>
+void opt_in() {
   static const bool allowed = [] {
     lrnn::cuda::allow_max_dynamic_smem(reinterpret_cast<const void*>(Kernel));
     return true;
   }();
   (void)allowed;
+}
+template <auto Kernel, int Threads = kThreads>
+void launch(const char* name, dim3 grid, size_t smem, const Args& a) {
+  lrnn::cuda::OpTimer timer(name);
+  opt_in<Kernel>();
   Kernel<<<grid, Threads, smem, lrnn::cuda::stream()>>>(a);
   LRNN_CUDA_LAUNCH_CHECK();
+}
+
+// How many blocks of a kernel (Threads threads, smem bytes of dynamic shared memory) the GPU
+// holds at once: the grid of a kernel whose blocks take work items in turn.
+template <auto Kernel, int Threads = kThreads>
+int resident_blocks(size_t smem) {
+  opt_in<Kernel>();
+  int per_sm = 0;
+  LRNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, Threads, smem));
+  return std::max(1, per_sm) * lrnn::cuda::num_sms();
 }
 
 // The dynamic shared memory a kernel may have (queried once per kernel).
@@ -2557,8 +2640,11 @@ void backward_impl(const Args& args, const DeltaRuleDims& d) {
     launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
   }
   if constexpr (grad_bf16_tiles(P, 32, 32)) {
-    if (grad_s_fits<P>(d))
-      return launch<grad_s_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_s_layout(d.Dk, d.Dv).bytes, a);
+    if (grad_s_fits<P>(d)) {
+      const size_t smem = grad_s_layout(d.Dk, d.Dv).bytes;
+      return launch<grad_s_kernel<P>>("delta chunked: grad", dim3(std::min(NC * BH, unsigned(resident_blocks<grad_s_kernel<P>>(smem)))),
+                                      smem, a);
+    }
   }
   launch<grad_kernel<P>>("delta chunked: grad", dim3(NC, BH), grad_smem(d), a);
 }
