@@ -1086,8 +1086,11 @@ TEST(DeltaRuleCuda, DISABLED_Timing) {
     if (chunked_only && pass.kernel == DeltaKernel::Tiled) continue;
     lrnn::ops::cuda::set_delta_rule_kernel(pass.kernel);
     lrnn::cuda::set_gemm_precision(pass.prec);
-    if (std::getenv("LRNN_TIMING_ONE")) {  // one shape (for ncu)
-      time_case(dims(8, 2048, 8, 128, 128, 1, EigenRange::Signed), false);
+    if (const char* one = std::getenv("LRNN_TIMING_ONE")) {  // one shape (for ncu): big, gate, else B 8 x T 2048 x H 8
+      if (std::string(one) == "big")
+        time_case(dims(8, 4096, 16, 128, 128, 1, EigenRange::Signed), false);
+      else
+        time_case(dims(8, 2048, 8, 128, 128, 1, EigenRange::Signed), std::string(one) == "gate");
       continue;
     }
     std::printf("%s:\n", pass.name);
