@@ -10,7 +10,8 @@
 # lm-train, lm-speed, lm-gen for the language-model checks below, which want data/shakespeare from
 # scripts/demo_lm.sh and, for the fla side by side, fla on PYTHONPATH); TEST_FILTER picks CUDA tests
 # (a gtest filter, default all); BASE_PACK="DIR ..." (with "kernel") times other packs' chunked forms
-# too, and (with "lm-speed") runs their lrnn on each LM shape, alternating with this pack's.
+# too, and (with "lm-speed") runs their lrnn on each LM shape, alternating with this pack's; "ab"
+# measures this pack against BASE_PACK as a kernel change is measured (ab_checks below).
 #
 #   scripts/gpu-check.sh                 build here (scripts/setup.sh's packages + nvcc) and run
 #   scripts/gpu-check.sh --pack DIR      build here and pack what a GPU machine needs into DIR
@@ -158,6 +159,10 @@ run_checks() {
     echo '```'; echo; } >>"$sum"
   fi
 
+  if want ab; then
+  ab_checks "$bin" "$sum"
+  fi
+
   if want parity; then
   echo "== parity: wall time to scaled accuracy >= 0.99 on 40-256"
   # The recipe that learns parity on 3 of 3 seeds in 3.7-6.6 s (docs/RESULTS.md, "Wall time to learn parity"); the
@@ -181,6 +186,67 @@ run_checks() {
   dist_checks "$bin"
   echo
   cat "$sum"
+}
+
+# SECTIONS ab: a kernel change measured against the packs in BASE_PACK, the way docs/RESULTS.md's
+# change tables were: each kernel of the chunked delta rule (LRNN_CUDA_PROFILE=1, two shapes)
+# with the packs alternating, AB_ROUNDS rounds (default 2), then 25 steps of the 4-layer DeltaNet
+# LM (V 32000, context 2048, random tokens) with each, alternating twice: tokens/s over the last
+# 10 steps and an md5 of the 25 losses (equal md5: the change left every value as it was). A base
+# pack needs only lrnn and tests/cuda_tests (in DIR or DIR/pack.tar.xz): this pack's libraries
+# serve both, which keeps two packs within a device call's carry. On a device:
+#   BASE_PACK=.gpu-base PACK=.gpu SECTIONS="tests ab" bash scripts/gpu-run.sh
+ab_checks() {
+  local bin=$1 sum=$2 runs=/tmp/lrnn-gpu-ab base rep who dir
+  mkdir -p "$runs"
+  [[ -n "${BASE_PACK:-}" ]] || { echo "ab: BASE_PACK names no pack" | tee -a "$sum"; return 0; }
+  echo "== A/B: this pack against ${BASE_PACK}"
+  local packs=()
+  for base in $BASE_PACK; do
+    base=$(cd "$base" && pwd)
+    [[ -x "$base/tests/cuda_tests" ]] || xz -dc "$base/pack.tar.xz" | tar xf - -C "$base"
+    packs+=("$base")
+  done
+  profile_rows() {  # the per-kernel lines of B 8 x T 2048 x H 8 and B 8 x T 4096 x H 16, bf16 products
+    sed -n '/chunked bf16/,$p' "$1" | grep -A5 -E '^B=(8 T=2048 H=8 Dk=128 Dv=128 n_h=1:|8 T=4096)' |
+      grep -E '^B=|    delta' | tr -s ' ' | cut -c1-100 || true
+  }
+  {
+    echo "## A/B: each kernel (profiled), this pack ($(cat "$bin/COMMIT" 2>/dev/null | head -1)) and BASE_PACK alternating"
+    echo
+    echo '```'
+  } >>"$sum"
+  for rep in $(seq "${AB_ROUNDS:-2}"); do
+    for dir in "${packs[@]}" "$bin"; do
+      who=$([[ $dir == "$bin" ]] && echo this || echo "$(basename "$dir") ($(head -1 "$dir/COMMIT" 2>/dev/null))")
+      LRNN_CUDA_PROFILE=1 LRNN_TIMING_CHUNKED_ONLY=1 timeout 120 "$dir/tests/cuda_tests" --gtest_also_run_disabled_tests \
+        --gtest_filter='DeltaRuleCuda.DISABLED_Timing' >"$LOGS/ab_timing.log" 2>&1 || true
+      { echo "-- $who, round $rep"; profile_rows "$LOGS/ab_timing.log"; } >>"$sum"
+    done
+  done
+  echo '```' >>"$sum"
+  python3 bench/random_shards.py --out "$runs/rand32k" --vocab 32000 --tokens 4000000 >/dev/null
+  cat >"$runs/ab.yaml" <<YAML
+training: {num_steps: 25, batch_size: 8, lr: 3.0e-4, warmup_steps: 5, weight_decay: 0.01, beta2: 0.95, val_every: 0, checkpoint_every: 0}
+model: {model_type: delta_net, hidden_size: 1024, num_hidden_layers: 4, num_heads: 8, vocab_size: 32000}
+task: {name: lm, data: $runs/rand32k, context: 2048, eval_tokens: 16384, eval_batch_size: 4}
+logging: {log_every: 1, progress: none}
+YAML
+  { echo; echo "4-layer DeltaNet LM, 25 steps: tokens/s (last 10 steps), md5 of the losses"; echo; echo '```'; } >>"$sum"
+  for rep in 1 2; do
+    for dir in "${packs[@]}" "$bin"; do
+      who=$([[ $dir == "$bin" ]] && echo this || basename "$dir")
+      rm -rf "$runs/lm"
+      timeout 120 "$dir/lrnn" train --device cuda --force --out "$runs/lm" --config "$runs/ab.yaml" >"$LOGS/ab_lm.log" 2>&1 || true
+      python3 - "$runs/lm/metrics.jsonl" "$who" >>"$sum" 2>>"$LOGS/ab_lm.log" <<'PY' || echo "$who: failed (ab_lm.log)" >>"$sum"
+import hashlib, json, sys
+t = [j for j in map(json.loads, open(sys.argv[1])) if j["type"] == "train"]
+h = hashlib.md5(repr([j["loss"] for j in t]).encode()).hexdigest()[:10]
+print(f"{sys.argv[2]}: {sum(j['tokens_per_s'] for j in t[-10:]) / 10:.0f} tokens/s, loss at step {t[-1]['step']} {t[-1]['loss']!r}, md5 {h}")
+PY
+    done
+  done
+  { echo '```'; echo; } >>"$sum"
 }
 
 # The LM of lm_checks, smaller: context 256, global batch 16.
