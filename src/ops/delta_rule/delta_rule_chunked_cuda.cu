@@ -101,6 +101,8 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -2389,6 +2391,404 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   }
 }
 
+// ---- grad_r: grad_s's math at two blocks an SM (Dk = Dv = 128, one event a token, the states,
+// U~, dS and dU~ bf16 in memory) ----
+// grad_s is one block of 16 warps an SM (219 KB of shared memory): its staging phases leave the
+// tensor cores idle and nothing else runs meanwhile (thread 0's clock at its barriers: staging and
+// element phases ~55 % of a chunk, products ~33 %; the same kernel at 8 warps takes 1.34x, not 2x,
+// the time). Here a block is 8 warps in ~100 KB, two an SM. The accumulators that grad_s kept in
+// fp32 tiles live in registers: warp w owns rows 16 (w >> 1) and, of each 64 x 128 result (dK, dQ,
+// dW, dX, dY), the strips of 16 x 32 at columns 32 (w & 1) and 64 + 32 (w & 1) — so a 64-row half
+// of S0 or dS (their rows are dK's and dQ's columns) feeds one strip of every warp — and of each
+// 64 x 64 result (dP, K K^T, dM) the strip at column 32 (w & 1). Element passes run on the
+// fragments; row and column sums go through small shared arrays, summed in a fixed order.
+// Shared memory: five 64 x 136 bf16 regions and one 64 x 72:
+//   A: U~, then Q, then dX        B: dO, then K~          C: a half of S0, then of dS, then Tinv, then U
+//   D: dU~, then W                E: dW, then dY          F: dP', then F + F^T
+constexpr int kGradRThreads = 256;
+struct GradRLayout {
+  size_t A, B, C, D, E, F, bytes;
+};
+__host__ __device__ inline GradRLayout grad_r_layout() {
+  GradRLayout L{};
+  SmemCursor cur;
+  const size_t t = size_t(kE) * (128 + kBfPad) * 2, e = size_t(kE) * (kE + kBfPad) * 2;
+  L.A = cur.take(t), L.B = cur.take(t), L.C = cur.take(t), L.D = cur.take(t), L.E = cur.take(t), L.F = cur.take(e);
+  L.bytes = cur.off;
+  return L;
+}
+// Copies rows x cols bf16 values (rows packed, cols a multiple of 8) into a tile (dst, ldd) by
+// cp.async; the caller commits and waits.
+__device__ __forceinline__ void copy_bf16_rows(bf16* dst, int ldd, const bf16* src, int rows, int cols) {
+  each(rows, cols >> 3, [&](int r, int q) { __pipeline_memcpy_async(dst + r * ldd + 8 * q, src + size_t(r) * cols + 8 * q, 16); });
+}
+// f(row, col, x, y, h) on a strip's accumulators (strip_out's pairs), x and y by reference; h: the
+// row's half of the strip (row m0 + lane / 4 + 8 h), a constant once unrolled (index by it).
+template <class F>
+__device__ __forceinline__ void each_pair(float (&acc)[4][4], int m0, int n0, F f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) f(m0 + g + 8 * h, n0 + 8 * q + t2, acc[q][2 * h], acc[q][2 * h + 1], h);
+}
+// Two adjacent values of a caller's array (8-byte aligned or not), and the result of adding (acc)
+// or storing two there.
+__device__ __forceinline__ float2 load2(const float* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 7) ? make_float2(p[0], p[1]) : *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ void put2(float* p, float x, float y, bool acc) {
+  if (acc) {
+    const float2 o = load2(p);
+    x += o.x, y += o.y;
+  }
+  if (reinterpret_cast<uintptr_t>(p) & 7)
+    p[0] = x, p[1] = y;
+  else
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+// Sums over the four lanes that share a row (the quad): the row's sum over a strip's 32 columns.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 1);
+  return v + __shfl_xor_sync(kFull, v, 2);
+}
+// Sums over the eight lanes that share a column pair position (lane & 3): a column's sum over
+// the strip's 16 rows, given each lane's sum of its two rows.
+__device__ __forceinline__ float column_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 4);
+  v += __shfl_xor_sync(kFull, v, 8);
+  return v + __shfl_xor_sync(kFull, v, 16);
+}
+
+template <Mma MM>
+__global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smb[];
+  constexpr int Dk = 128, Dv = 128, lb = 128 + kBfPad, lbE = kE + kBfPad;
+  const GradRLayout L = grad_r_layout();
+  auto hp = [&](size_t off) { return reinterpret_cast<bf16*>(smb + off); };
+  bf16 *RA = hp(L.A), *RB = hp(L.B), *RC = hp(L.C), *RD = hp(L.D), *RE = hp(L.E), *RF = hp(L.F);
+  __shared__ double G[kE];
+  __shared__ float gam[kE], D[kE], beta[kE], dG[kE], dbeta[kE], red[kGradRThreads / 32];
+  __shared__ float rows2[2][kE], cols4[4][kE];  // per-warp partial sums: by column half, by row block
+  __shared__ int tok[kE];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp >> 1), cb = warp & 1;
+  const int n0 = 32 * cb, n1 = 64 + 32 * cb;  // this warp's strips of a 128-wide result (and n0 of a 64-wide)
+  const bool gated = a.g != nullptr;
+  const int chunks = a.NC * a.BH;
+  // rows2 / cols4 -> per event: the sum of both column halves' row sums (sign sr) and of the four
+  // row blocks' column sums (sign sc), added to out[i] by threads i < 64. Barriers before and after.
+  auto fold = [&](float* out, float sr, float sc) {
+    __syncthreads();
+    if (threadIdx.x < kE) {
+      const int i = threadIdx.x;
+      out[i] += sr * (rows2[0][i] + rows2[1][i]) + sc * (cols4[0][i] + cols4[1][i] + cols4[2][i] + cols4[3][i]);
+    }
+    __syncthreads();
+  };
+  auto clear_sums = [&]() {
+    for (int i = threadIdx.x; i < 2 * kE; i += blockDim.x) rows2[i / kE][i % kE] = 0.f;
+    for (int i = threadIdx.x; i < 4 * kE; i += blockDim.x) cols4[i / kE][i % kE] = 0.f;
+  };
+  for (int w = blockIdx.x; w < chunks; w += gridDim.x) {
+    const int c = w % a.NC, bh = w / a.NC, b = bh / a.H, h = bh % a.H;
+    const size_t ch = size_t(w), s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
+    const float* Qc = a.Qc + ch * kE * Dk;
+    const bf16* S0g = reinterpret_cast<const bf16*>(a.states) + s_at;
+    const bf16* dSg = reinterpret_cast<const bf16*>(a.dS) + ch * Dk * Dv;
+    // Phase 0: U~ -> A, dO -> B, dU~ -> D, S0's first half -> C.
+    grad_events(a, c, ch, beta, dG, dbeta, tok);
+    clear_sums();
+    copy_or_stage_to_bf16(a.Ut, true, u_at, Dv, kE, Dv, RA, lb);
+    copy_or_stage_to_bf16(a.dUt, true, u_at, Dv, kE, Dv, RD, lb);
+    copy_bf16_rows(RC, lb, S0g, 64, Dv);
+    __pipeline_commit();
+    stage(stage_tile(a.dout, kE, Dv, [&](int r) { return out_row(a, b, h, c, r); }, bf16_rows(RB, lb)));
+    load_decays(a, ch, G, gam, D);
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // Phase 1: dP = scale dO U~^T (its element pass on the fragments: d(Q K^T) as bf16 into F; the
+    // gate's sums of e = dP . P); per half of S0: dQ += dO S0^T, dW = -dU~ S0^T (bf16 into E).
+    float aQ[2][4][4] = {}, aK[2][4][4] = {};
+    {
+      float p[4][4] = {};
+      strip_s<false, true>(p, RB, lb, RA, lb, m0, n0, Dv);
+      const float* Pg = a.Pm + ch * kE * kE;
+      float colpart[4][2] = {};
+      float rowpart[2] = {};
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int r = m0 + (lane >> 2) + 8 * (k >> 1), jj = n0 + 8 * q + (lane & 3) * 2 + (k & 1);
+          const float dp = a.scale * p[q][k];
+          float e = 0.f, o = 0.f;
+          if (row_ok(a, c, r) && jj <= r) {
+            e = (gated && jj < r && tok[r] != tok[jj]) ? dp * Pg[r * kE + jj] : 0.f;
+            o = dp * expf(float(G[r] - G[jj]));
+          }
+          RF[r * lbE + jj] = __float2bfloat16_rn(o);
+          rowpart[k >> 1] += e;
+          colpart[q][k & 1] += e;
+        }
+      if (gated) {
+        const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float s = quad_sum(rowpart[hh]);
+          if ((lane & 3) == 0) rows2[cb][m0 + g + 8 * hh] = s;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float s = column_sum(colpart[q][u]);
+            if (g == 0) cols4[m0 >> 4][n0 + 8 * q + t2 + u] = s;
+          }
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      if (half == 1) {
+        __syncthreads();
+        copy_bf16_rows(RC, lb, S0g + size_t(64) * Dv, 64, Dv);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncthreads();
+      }
+      strip_s<false, true>(aQ[half], RB, lb, RC, lb, m0, n0, Dv);
+      float wacc[4][4] = {};
+      strip_s<false, true>(wacc, RD, lb, RC, lb, m0, n0, Dv);
+      each_pair(wacc, m0, n0, [&](int r, int col, float& x, float& y, int) {
+        *reinterpret_cast<uint32_t*>(RE + r * lb + 64 * half + col) = bf16_pair(-x, -y);
+      });
+    }
+    // The gate's sums of e (rows to the reading event, columns from the key's) into dG.
+    if (gated) fold(dG, 1.f, -1.f), clear_sums();
+    __syncthreads();
+    // Phase 2: per half of dS: dK = U~ dS^T; K~ -> B (dO is read no more).
+    const auto kt = stage_tile(a.Kc + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(RB, lb));
+    for (int half = 0; half < 2; ++half) {
+      copy_bf16_rows(RC, lb, dSg + size_t(64) * half * Dv, 64, Dv);
+      __pipeline_commit();
+      if (half == 0) stage(kt);
+      __pipeline_wait_prior(0);
+      __syncthreads();
+      strip_s<false, true>(aK[half], RA, lb, RC, lb, m0, n0, Dv);
+      __syncthreads();
+    }
+    // The state's gate term: d gamma_63 sum(dS . S0), both bf16 in memory (read again: L2).
+    float dGL = 0.f;
+    if (gated) {
+      float part = 0.f;
+      for (int e = threadIdx.x * 2; e < Dk * Dv; e += blockDim.x * 2) {
+        const float2 d = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dSg + e));
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(S0g + e));
+        part += d.x * x.x + d.y * x.y;
+      }
+      dGL = gam[kE - 1] * block_sum(part, red);
+    }
+    // dK = diag(D) U~ dS^T (with a gate, dd_i = k~_i . (U~ dS^T)_i gives -dd D to G_i and +dd D to
+    // G_63, not within the last token); dQ = scale diag(gamma) dO S0^T (with a gate d G_r += dQ_r . q_r).
+    {
+      float ddp[2] = {}, dqp[2] = {};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int nn = s ? n1 : n0;
+        each_pair(aK[s], m0, nn, [&](int i, int col, float& x, float& y, int hh) {
+          if (gated) ddp[hh] += x * __bfloat162float(RB[i * lb + col]) + y * __bfloat162float(RB[i * lb + col + 1]);
+          x *= D[i], y *= D[i];
+        });
+        each_pair(aQ[s], m0, nn, [&](int r, int col, float& x, float& y, int hh) {
+          const float f = row_ok(a, c, r) ? a.scale * gam[r] : 0.f;
+          x *= f, y *= f;
+          if (gated) {
+            const float2 q = *reinterpret_cast<const float2*>(Qc + size_t(r) * Dk + col);
+            dqp[hh] += x * q.x + y * q.y;
+          }
+        });
+      }
+      if (gated) {
+        const int g = lane >> 2;
+        float glp = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = m0 + g + 8 * hh;
+          const float dd = quad_sum(ddp[hh]), dq = quad_sum(dqp[hh]);
+          if ((lane & 3) == 0) {
+            const float t = tok[kE - 1] != tok[i] ? dd * D[i] : 0.f;
+            rows2[cb][i] = dq - t;
+            glp += t;
+          }
+        }
+        dGL += block_sum(glp, red);
+        fold(dG, 1.f, 0.f), clear_sums();
+      }
+    }
+    // Phase 3: Q -> A (U~ is read no more); dQ += dP' K~, dK += dP'^T Q; dq out.
+    stage(stage_tile(Qc, kE, Dk, row_stride(Dk), bf16_rows(RA, lb)));
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int nn = s ? n1 : n0;
+      strip_s<false, false>(aQ[s], RF, lbE, RB, lb, m0, nn, kE);
+      strip_s<true, false>(aK[s], RF, lbE, RA, lb, m0, nn, kE);
+      each_pair(aQ[s], m0, nn, [&](int r, int col, float& x, float& y, int) {
+        const long long off = query_row(a, b, h, c, r);
+        if (off >= 0) put2(a.dq + off + col, x, y, a.accumulate);
+      });
+    }
+    __syncthreads();
+    // Phase 4: Tinv -> C; dX = Tinv^T dU~: dv = beta dX out, dbeta += dX . v; dX as bf16 -> A.
+    to_bf16_tile(RC, lbE, a.Tm + ch * kE * kE, kE, kE, kE);
+    __syncthreads();
+    {
+      float dvp[2] = {};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int nn = s ? n1 : n0;
+        float x[4][4] = {};
+        strip_s<true, false>(x, RC, lbE, RD, lb, m0, nn, kE);
+        each_pair(x, m0, nn, [&](int i, int col, float& p, float& q, int hh) {
+          const long long vrow = value_row(a, b, h, c, i);
+          if (vrow >= 0) {
+            const float2 v = load2(a.v + vrow + col);
+            dvp[hh] += p * v.x + q * v.y;
+            put2(a.dv + vrow + col, beta[i] * p, beta[i] * q, a.accumulate);
+          }
+          *reinterpret_cast<uint32_t*>(RA + i * lb + col) = bf16_pair(p, q);
+        });
+      }
+      const int g = lane >> 2;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(dvp[hh]);
+        if ((lane & 3) == 0) rows2[cb][m0 + g + 8 * hh] = s;
+      }
+    }
+    // dY = Tinv^T dW: dK += beta gamma dY, dbeta += gamma dY . k~, dG += beta gamma dY . k~; dY as
+    // bf16 -> E once every warp has read dW.
+    {
+      float y[2][4][4] = {};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) strip_s<true, false>(y[s], RC, lbE, RE, lb, m0, s ? n1 : n0, kE);
+      float dkp[2] = {};
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int nn = s ? n1 : n0;
+        each_pair(y[s], m0, nn, [&](int i, int col, float& p, float& q, int hh) {
+          dkp[hh] += p * __bfloat162float(RB[i * lb + col]) + q * __bfloat162float(RB[i * lb + col + 1]);
+        });
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int nn = s ? n1 : n0;
+        // aK and y share the fragment layout.
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + (lane >> 2) + 8 * (e >> 1);
+            aK[s][q][e] += beta[i] * gam[i] * y[s][q][e];
+          }
+        (void)nn;
+      }
+      const int g = lane >> 2;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = m0 + g + 8 * hh;
+        const float s = quad_sum(dkp[hh]);
+        if ((lane & 3) == 0) cols4[cb][i] = s;  // (cols4 as a second per-half row array here)
+      }
+      __syncthreads();
+      if (threadIdx.x < kE) {
+        const int i = threadIdx.x;
+        const float dvd = rows2[0][i] + rows2[1][i], dkd = cols4[0][i] + cols4[1][i];
+        dbeta[i] += dvd + gam[i] * dkd;
+        dG[i] += beta[i] * gam[i] * dkd;
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+        each_pair(y[s], m0, s ? n1 : n0, [&](int i, int col, float& p, float& q, int) {
+          *reinterpret_cast<uint32_t*>(RE + i * lb + col) = bf16_pair(p, q);
+        });
+    }
+    __syncthreads();
+    clear_sums();
+    // Phase 5: U -> C, W -> D (Tinv and dU~ are read no more).
+    stage(stage_tile(a.U + ch * kE * Dv, kE, Dv, row_stride(Dv), bf16_rows(RC, lb)),
+          stage_tile(a.W + ch * kE * Dk, kE, Dk, row_stride(Dk), bf16_rows(RD, lb)));
+    __syncthreads();
+    // Phase 6: dM = -(dX U^T + dY W^T) and A = K K^T on the same strip; M = I + diag(beta) A . decay:
+    // dbeta_i += sum_j dM_ij A_ij decay, F = beta_i dM_ij decay (F + F^T as bf16 -> F), the gate's
+    // sums of beta_i e2_ij (+ row, - column; not within a token).
+    {
+      float m[4][4] = {}, kk[4][4] = {};
+      strip_s<false, true>(m, RA, lb, RC, lb, m0, n0, Dv);
+      strip_s<false, true>(m, RE, lb, RD, lb, m0, n0, Dk);
+      strip_s<false, true>(kk, RB, lb, RB, lb, m0, n0, Dk);
+      float rowdb[2] = {}, rowg[2] = {}, colg[4][2] = {};
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + (lane >> 2) + 8 * (e >> 1), j = n0 + 8 * q + (lane & 3) * 2 + (e & 1);
+          float f = 0.f;
+          if (j < i) {
+            const float dm = -m[q][e];
+            const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+            const float e2 = dm * kk[q][e] * dec;
+            rowdb[e >> 1] += e2;
+            if (gated && tok[i] != tok[j]) {
+              rowg[e >> 1] += beta[i] * e2;
+              colg[q][e & 1] += beta[i] * e2;
+            }
+            f = beta[i] * dm * dec;
+          }
+          if (j <= i) {
+            const bf16 fb = __float2bfloat16_rn(f);
+            RF[i * lbE + j] = fb, RF[j * lbE + i] = fb;
+          }
+        }
+      const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float db = quad_sum(rowdb[hh]), rg = quad_sum(rowg[hh]);
+        if ((lane & 3) == 0) rows2[cb][m0 + g + 8 * hh] = db, cols4[cb][m0 + g + 8 * hh] = rg;
+      }
+      __syncthreads();
+      if (threadIdx.x < kE) {
+        const int i = threadIdx.x;
+        dbeta[i] += rows2[0][i] + rows2[1][i];
+        dG[i] += cols4[0][i] + cols4[1][i];
+      }
+      __syncthreads();
+      clear_sums();
+      __syncthreads();
+      if (gated)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float s = column_sum(colg[q][u]);
+            if (g == 0) cols4[m0 >> 4][n0 + 8 * q + t2 + u] = s;
+          }
+      if (gated) fold(dG, 0.f, -1.f);
+    }
+    __syncthreads();
+    // Phase 7: dK += (F + F^T) K~; dk out; beta's and the gates' gradients.
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int nn = s ? n1 : n0;
+      strip_s<false, false>(aK[s], RF, lbE, RB, lb, m0, nn, kE);
+      each_pair(aK[s], m0, nn, [&](int i, int col, float& x, float& y, int) {
+        const long long off = key_row(a, b, h, c, i);
+        if (off >= 0) put2(a.dk + off + col, x, y, a.accumulate);
+      });
+    }
+    write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
+    __syncthreads();
+  }
+}
+
 // ---- host side ----
 
 struct Geometry {
@@ -2567,6 +2967,19 @@ bool grad_s_fits(const DeltaRuleDims& d) {
   return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
 }
 
+// grad_r (two blocks an SM) where its fixed shape applies: head dims 128, one event a token, the
+// states, U~, dS and dU~ bf16 in memory. LRNN_GRAD_R=0 keeps grad_s (for measuring one against
+// the other).
+template <Mma P>
+bool grad_r_applies(const DeltaRuleDims& d, const Args& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("LRNN_GRAD_R");
+    return e && std::string(e) == "0";
+  }();
+  return !off && d.Dk == 128 && d.Dv == 128 && d.n_h == 1 && a.hs && a.hg &&
+         grad_r_layout().bytes <= dynamic_smem_limit<grad_r_kernel<P>>();
+}
+
 // Whether the states and U~ go to memory as bf16 (Args::hs): where every kernel that writes or
 // reads them is a bf16-tile one. The backward's dS and dU~ likewise (Args::hg), decided by
 // backward_impl.
@@ -2638,6 +3051,13 @@ void backward_impl(const Args& args, const DeltaRuleDims& d) {
       launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
   } else {
     launch<dstate_kernel<P>>("delta chunked: dstate", dim3(VB, BH), dstate_smem(d, gm), a);
+  }
+  if constexpr (P == Mma::Bf16) {
+    if (grad_r_applies<P>(d, a)) {
+      const size_t smem = grad_r_layout().bytes;
+      return launch<grad_r_kernel<P>, kGradRThreads>(
+          "delta chunked: grad", dim3(std::min(NC * BH, unsigned(resident_blocks<grad_r_kernel<P>, kGradRThreads>(smem)))), smem, a);
+    }
   }
   if constexpr (grad_bf16_tiles(P, 32, 32)) {
     if (grad_s_fits<P>(d)) {
