@@ -207,8 +207,8 @@ ab_checks() {
     [[ -x "$base/tests/cuda_tests" ]] || xz -dc "$base/pack.tar.xz" | tar xf - -C "$base"
     packs+=("$base")
   done
-  profile_rows() {  # the per-kernel lines of B 8 x T 2048 x H 8 and B 8 x T 4096 x H 16, bf16 products
-    sed -n '/chunked bf16/,$p' "$1" | grep -A5 -E '^B=(8 T=2048 H=8 Dk=128 Dv=128 n_h=1:|8 T=4096)' |
+  profile_rows() {  # the per-kernel lines of B 8 x T 2048 x H 8 (n_h 1; 2 and 3 gated) and B 8 x T 4096 x H 16, bf16 products
+    sed -n '/chunked bf16/,$p' "$1" | grep -A5 -E '^B=(8 T=2048 H=8 Dk=128 Dv=128 n_h=(1:|[23] gate:)|8 T=4096)' |
       grep -E '^B=|    delta' | tr -s ' ' | cut -c1-100 || true
   }
   {
@@ -247,6 +247,12 @@ PY
     done
   done
   { echo '```'; echo; } >>"$sum"
+  # This pack's LM step per op (each op synchronised; bench_cuda is in full packs only).
+  if [[ -x "$bin/bench/bench_cuda" ]]; then
+    timeout 150 "$bin/bench/bench_cuda" 20 --profile-config "$runs/ab.yaml" >"$LOGS/ab_lm_profile.md" 2>&1 || true
+    { echo "The LM step per op, this pack (bench_cuda 20 --profile-config, ms a step):"; echo;
+      grep -E '^\|' "$LOGS/ab_lm_profile.md" | sort -t'|' -k3 -g -r | head -24; grep -E 'graphs and fresh' "$LOGS/ab_lm_profile.md"; echo; } >>"$sum"
+  fi
 }
 
 # The LM of lm_checks, smaller: context 256, global batch 16.

@@ -550,9 +550,10 @@ void check_tracker(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const cha
 // Bounds 3e-3 / 2e-2 / 6e-2. The kernels before dstate carried dS at fp32 accuracy (K dS and
 // W^T dU~ in the products' own precision) gave 3.8e-2 and 8.1e-2 with TF32 and 0.17 with bf16 on
 // Z5 and S5, and fail these bounds.
-void check_tracker_gradient(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name, double bound) {
-  SCOPED_TRACE(std::string(g.name) + ", gradient, " + prec_name);
-  const TrackerInput in = tracker_input(g, 10000, 32);
+void check_tracker_gradient(const GroupWord& g, lrnn::cuda::GemmPrecision prec, const char* prec_name, double bound,
+                            int head_dim = 32) {
+  SCOPED_TRACE(std::string(g.name) + ", gradient, " + prec_name + ", head dim " + std::to_string(head_dim));
+  const TrackerInput in = tracker_input(g, 10000, head_dim);
   const size_t NE = size_t(in.d.T) * g.n_h, D = size_t(in.d.Dv);
   lrnn::cuda::set_gemm_precision(prec);
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Chunked);
@@ -565,8 +566,8 @@ void check_tracker_gradient(const GroupWord& g, lrnn::cuda::GemmPrecision prec, 
   lrnn::ops::cuda::set_delta_rule_kernel(lrnn::ops::cuda::DeltaKernel::Auto);
   lrnn::cuda::set_gemm_precision(lrnn::cuda::GemmPrecision::TF32);
   const GradientDeviation r = value_gradient_deviation(g, in, dv.download());
-  std::printf("  tracker %s, %s products: worst value-gradient deviation %.2e |q| (event %lld of %zu)\n", g.name,
-              prec_name, r.worst, (long long)r.event, NE);
+  std::printf("  tracker %s, %s products, head dim %d: worst value-gradient deviation %.2e |q| (event %lld of %zu)\n",
+              g.name, prec_name, head_dim, r.worst, (long long)r.event, NE);
   EXPECT_LT(r.worst, bound);
 }
 
@@ -595,6 +596,8 @@ TEST(DeltaRuleCudaChunked, ExactTrackersBackwardThroughTenThousandTokens) {
     check_tracker_gradient(g, GemmPrecision::FP32, "fp32", 3e-3);
     check_tracker_gradient(g, GemmPrecision::TF32, "TF32", 2e-2);
     check_tracker_gradient(g, GemmPrecision::BF16, "bf16", 6e-2);
+    // Head dim 128: the backward's bf16 kernels of the language models (grad_r, every n_h).
+    check_tracker_gradient(g, GemmPrecision::BF16, "bf16", 6e-2, 128);
   }
 }
 
@@ -996,6 +999,7 @@ TEST(DeltaRuleCudaChunked, Bf16ErrorAgainstFp64AcrossShapes) {
   struct Case {
     DeltaRuleDims d;
     bool gate;
+    double bl_lo = 0, bl_hi = 0;  // Opts' beta logits (both 0: N(0, 1))
   };
   const Case cases[] = {{dims(2, 300, 2, 64, 32, 1, EigenRange::Signed), false},
                         {dims(2, 200, 2, 32, 96, 2, EigenRange::Signed), true},
@@ -1003,10 +1007,15 @@ TEST(DeltaRuleCudaChunked, Bf16ErrorAgainstFp64AcrossShapes) {
                         {dims(2, 65, 2, 96, 128, 4, EigenRange::Signed), true},
                         {dims(2, 150, 2, 48, 64, 1, EigenRange::Signed), true},  // Dk 48: fp32 tiles
                         {dims(3, 1, 2, 128, 128, 1, EigenRange::Signed), false},  // one token
-                        {dims(2, 1, 2, 64, 64, 3, EigenRange::Signed), true}};   // one token of 3 sub-steps
+                        {dims(2, 1, 2, 64, 64, 3, EigenRange::Signed), true},    // one token of 3 sub-steps
+                        // Head dims 128 (grad_r): a chunk cut short, beta = 2 exactly; n_h 2-4.
+                        {dims(2, 130, 2, 128, 128, 1, EigenRange::Signed), true, 30, 40},
+                        {dims(2, 130, 2, 128, 128, 2, EigenRange::Signed), true},
+                        {dims(1, 100, 2, 128, 128, 3, EigenRange::Unit), true},
+                        {dims(2, 77, 2, 128, 128, 4, EigenRange::Signed), false}};
   for (const Case& k : cases) {
     Opts o;
-    o.gate = k.gate, o.g_lo = -2;
+    o.gate = k.gate, o.g_lo = -2, o.bl_lo = k.bl_lo, o.bl_hi = k.bl_hi;
     SCOPED_TRACE("T " + std::to_string(k.d.T) + ", Dk " + std::to_string(k.d.Dk) + ", Dv " + std::to_string(k.d.Dv) +
                  ", n_h " + std::to_string(k.d.n_h));
     EXPECT_LE(fast_error_factor(k.d, o, lrnn::cuda::GemmPrecision::BF16), 4.0)

@@ -2391,17 +2391,20 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
   }
 }
 
-// ---- grad_r: grad_s's math at two blocks an SM (Dk = Dv = 128, one event a token, the states,
-// U~, dS and dU~ bf16 in memory) ----
+// ---- grad_r: grad_s's math at two blocks an SM (Dk = Dv = 128, the states, U~, dS and dU~ bf16
+// in memory) ----
 // grad_s is one block of 16 warps an SM (219 KB of shared memory): its staging phases leave the
 // tensor cores idle and nothing else runs meanwhile (thread 0's clock at its barriers: staging and
 // element phases ~55 % of a chunk, products ~33 %; the same kernel at 8 warps takes 1.34x, not 2x,
-// the time). Here a block is 8 warps in ~100 KB, two an SM. The accumulators that grad_s kept in
-// fp32 tiles live in registers: warp w owns rows 16 (w >> 1) and, of each 64 x 128 result (dK, dQ,
-// dW, dX, dY), the strips of 16 x 32 at columns 32 (w & 1) and 64 + 32 (w & 1) — so a 64-row half
-// of S0 or dS (their rows are dK's and dQ's columns) feeds one strip of every warp — and of each
-// 64 x 64 result (dP, K K^T, dM) the strip at column 32 (w & 1). Element passes run on the
-// fragments; row and column sums go through small shared arrays, summed in a fixed order.
+// the time). Here a block is 8 warps in ~100 KB, two an SM (H200, n_h 1, each kernel profiled, the
+// two builds alternating: 638-639 -> 471-472 us at B 8 x T 2048 x H 8, 2441-2451 -> 1803-1809 us at
+// B 8 x T 4096 x H 16, -26 %; predicted -25 to -35 % from the 8-warp grad_s's 1.34x). The
+// accumulators that grad_s kept in fp32 tiles live in registers: warp w owns rows 16 (w >> 1) and,
+// of each 64 x 128 result (dK, dQ, dW, dX, dY), the strips of 16 x 32 at columns 32 (w & 1) and 64
+// + 32 (w & 1) — so a 64-row half of S0 or dS (their rows are dK's and dQ's columns) feeds one
+// strip of every warp — and of each 64 x 64 result (dP, K K^T, dM) the strip at column 32 (w & 1).
+// Element passes run on the fragments; row and column sums go through small shared arrays, summed
+// in a fixed order.
 // Shared memory: five 64 x 136 bf16 regions and one 64 x 72:
 //   A: U~, then Q, then dX        B: dO, then K~          C: a half of S0, then of dS, then Tinv, then U
 //   D: dU~, then W                E: dW, then dY          F: dP', then F + F^T
@@ -2460,7 +2463,9 @@ __device__ __forceinline__ float column_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 16);
 }
 
-template <Mma MM>
+// NH: the sub-steps a token, 1 (its own instance: every row a query row, as many registers as
+// before n_h > 1 was taken) or 0 (any, a.nh).
+template <Mma MM, int NH>
 __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smb[];
   constexpr int Dk = 128, Dv = 128, lb = 128 + kBfPad, lbE = kE + kBfPad;
@@ -2474,6 +2479,11 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp >> 1), cb = warp & 1;
   const int n0 = 32 * cb, n1 = 64 + 32 * cb;  // this warp's strips of a 128-wide result (and n0 of a 64-wide)
   const bool gated = a.g != nullptr;
+  // Query rows (Rp of the 64: Ct = 64 / n_h tokens read out, zero-padded to a multiple of 16): the
+  // warps whose rows lie beyond them form no dP, dQ or dq (their rows of dP' are zero).
+  const int nh = NH ? NH : a.nh, Rp = NH == 1 ? kE : a.Rp;
+  const bool qrows = NH == 1 || m0 < Rp;
+  auto reader = [&](int r) { return r * nh + nh - 1; };  // the event at which query row r reads out
   const int chunks = a.NC * a.BH;
   // rows2 / cols4 -> per event: the sum of both column halves' row sums (sign sr) and of the four
   // row blocks' column sums (sign sc), added to out[i] by threads i < 64. Barriers before and after.
@@ -2492,7 +2502,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
   for (int w = blockIdx.x; w < chunks; w += gridDim.x) {
     const int c = w % a.NC, bh = w / a.NC, b = bh / a.H, h = bh % a.H;
     const size_t ch = size_t(w), s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
-    const float* Qc = a.Qc + ch * kE * Dk;
+    const float* Qc = a.Qc + ch * Rp * Dk;
     const bf16* S0g = reinterpret_cast<const bf16*>(a.states) + s_at;
     const bf16* dSg = reinterpret_cast<const bf16*>(a.dS) + ch * Dk * Dv;
     // Phase 0: U~ -> A, dO -> B, dU~ -> D, S0's first half -> C.
@@ -2511,20 +2521,20 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
     float aQ[2][4][4] = {}, aK[2][4][4] = {};
     {
       float p[4][4] = {};
-      strip_s<false, true>(p, RB, lb, RA, lb, m0, n0, Dv);
-      const float* Pg = a.Pm + ch * kE * kE;
+      if (qrows) strip_s<false, true>(p, RB, lb, RA, lb, m0, n0, Dv);
+      const float* Pg = a.Pm + ch * Rp * kE;
       float colpart[4][2] = {};
       float rowpart[2] = {};
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const int r = m0 + (lane >> 2) + 8 * (k >> 1), jj = n0 + 8 * q + (lane & 3) * 2 + (k & 1);
+          const int r = m0 + (lane >> 2) + 8 * (k >> 1), jj = n0 + 8 * q + (lane & 3) * 2 + (k & 1), i = reader(r);
           const float dp = a.scale * p[q][k];
           float e = 0.f, o = 0.f;
-          if (row_ok(a, c, r) && jj <= r) {
-            e = (gated && jj < r && tok[r] != tok[jj]) ? dp * Pg[r * kE + jj] : 0.f;
-            o = dp * expf(float(G[r] - G[jj]));
+          if (row_ok(a, c, r) && jj <= i) {
+            e = (gated && jj < i && tok[i] != tok[jj]) ? dp * Pg[r * kE + jj] : 0.f;
+            o = dp * expf(float(G[i] - G[jj]));
           }
           RF[r * lbE + jj] = __float2bfloat16_rn(o);
           rowpart[k >> 1] += e;
@@ -2534,8 +2544,9 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
         const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
+          const int r = m0 + g + 8 * hh;
           const float s = quad_sum(rowpart[hh]);
-          if ((lane & 3) == 0) rows2[cb][m0 + g + 8 * hh] = s;
+          if ((lane & 3) == 0 && (NH == 1 || row_ok(a, c, r))) rows2[cb][reader(r)] = s;
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
@@ -2554,7 +2565,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
         __pipeline_wait_prior(0);
         __syncthreads();
       }
-      strip_s<false, true>(aQ[half], RB, lb, RC, lb, m0, n0, Dv);
+      if (qrows) strip_s<false, true>(aQ[half], RB, lb, RC, lb, m0, n0, Dv);
       float wacc[4][4] = {};
       strip_s<false, true>(wacc, RD, lb, RC, lb, m0, n0, Dv);
       each_pair(wacc, m0, n0, [&](int r, int col, float& x, float& y, int) {
@@ -2587,7 +2598,8 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
       dGL = gam[kE - 1] * block_sum(part, red);
     }
     // dK = diag(D) U~ dS^T (with a gate, dd_i = k~_i . (U~ dS^T)_i gives -dd D to G_i and +dd D to
-    // G_63, not within the last token); dQ = scale diag(gamma) dO S0^T (with a gate d G_r += dQ_r . q_r).
+    // G_63, not within the last token); dQ = scale diag(gamma) dO S0^T (with a gate, d G_i += dQ_r . q_r
+    // at the event i where row r reads out).
     {
       float ddp[2] = {}, dqp[2] = {};
 #pragma unroll
@@ -2598,9 +2610,10 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
           x *= D[i], y *= D[i];
         });
         each_pair(aQ[s], m0, nn, [&](int r, int col, float& x, float& y, int hh) {
-          const float f = row_ok(a, c, r) ? a.scale * gam[r] : 0.f;
+          const bool ok = row_ok(a, c, r);
+          const float f = ok ? a.scale * gam[reader(r)] : 0.f;
           x *= f, y *= f;
-          if (gated) {
+          if (gated && (NH == 1 || ok)) {  // (Qc has Rp rows, zero beyond Ct)
             const float2 q = *reinterpret_cast<const float2*>(Qc + size_t(r) * Dk + col);
             dqp[hh] += x * q.x + y * q.y;
           }
@@ -2611,30 +2624,37 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
         float glp = 0.f;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int i = m0 + g + 8 * hh;
+          const int i = m0 + g + 8 * hh;  // a key's event, and a query row
           const float dd = quad_sum(ddp[hh]), dq = quad_sum(dqp[hh]);
           if ((lane & 3) == 0) {
             const float t = tok[kE - 1] != tok[i] ? dd * D[i] : 0.f;
-            rows2[cb][i] = dq - t;
+            if (NH == 1) {
+              rows2[cb][i] = dq - t;
+            } else {
+              rows2[cb][i] = -t;
+              if (row_ok(a, c, i)) cols4[cb][reader(i)] = dq;  // (cols4 as a second per-half array here)
+            }
             glp += t;
           }
         }
         dGL += block_sum(glp, red);
-        fold(dG, 1.f, 0.f), clear_sums();
+        fold(dG, 1.f, NH == 1 ? 0.f : 1.f), clear_sums();
       }
     }
     // Phase 3: Q -> A (U~ is read no more); dQ += dP' K~, dK += dP'^T Q; dq out.
-    stage(stage_tile(Qc, kE, Dk, row_stride(Dk), bf16_rows(RA, lb)));
+    // (Rows from Rp on zero: dP'^T Q sums over all 64.)
+    stage(stage_tile(Qc, kE, Dk, [&](int r) { return r < Rp ? (long long)r * Dk : -1ll; }, bf16_rows(RA, lb)));
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int nn = s ? n1 : n0;
-      strip_s<false, false>(aQ[s], RF, lbE, RB, lb, m0, nn, kE);
+      if (qrows) strip_s<false, false>(aQ[s], RF, lbE, RB, lb, m0, nn, kE);
       strip_s<true, false>(aK[s], RF, lbE, RA, lb, m0, nn, kE);
-      each_pair(aQ[s], m0, nn, [&](int r, int col, float& x, float& y, int) {
-        const long long off = query_row(a, b, h, c, r);
-        if (off >= 0) put2(a.dq + off + col, x, y, a.accumulate);
-      });
+      if (qrows)
+        each_pair(aQ[s], m0, nn, [&](int r, int col, float& x, float& y, int) {
+          const long long off = query_row(a, b, h, c, r);
+          if (off >= 0) put2(a.dq + off + col, x, y, a.accumulate);
+        });
     }
     __syncthreads();
     // Phase 4: Tinv -> C; dX = Tinv^T dU~: dv = beta dX out, dbeta += dX . v; dX as bf16 -> A.
@@ -2967,17 +2987,13 @@ bool grad_s_fits(const DeltaRuleDims& d) {
   return grad_bf16_tiles(P, d.Dk, d.Dv) && grad_s_layout(d.Dk, d.Dv).bytes <= dynamic_smem_limit<grad_s_kernel<P>>();
 }
 
-// grad_r (two blocks an SM) where its fixed shape applies: head dims 128, one event a token, the
-// states, U~, dS and dU~ bf16 in memory. LRNN_GRAD_R=0 keeps grad_s (for measuring one against
-// the other).
+// grad_r (two blocks an SM) where its fixed shape applies: head dims 128, the states, U~, dS and
+// dU~ bf16 in memory.
 template <Mma P>
 bool grad_r_applies(const DeltaRuleDims& d, const Args& a) {
-  static const bool off = [] {
-    const char* e = std::getenv("LRNN_GRAD_R");
-    return e && std::string(e) == "0";
-  }();
-  return !off && d.Dk == 128 && d.Dv == 128 && d.n_h == 1 && a.hs && a.hg &&
-         grad_r_layout().bytes <= dynamic_smem_limit<grad_r_kernel<P>>();
+  return d.Dk == 128 && d.Dv == 128 && a.hs && a.hg &&
+         grad_r_layout().bytes <= dynamic_smem_limit<grad_r_kernel<P, 1>>() &&
+         grad_r_layout().bytes <= dynamic_smem_limit<grad_r_kernel<P, 0>>();
 }
 
 // Whether the states and U~ go to memory as bf16 (Args::hs): where every kernel that writes or
@@ -3055,8 +3071,11 @@ void backward_impl(const Args& args, const DeltaRuleDims& d) {
   if constexpr (P == Mma::Bf16) {
     if (grad_r_applies<P>(d, a)) {
       const size_t smem = grad_r_layout().bytes;
-      return launch<grad_r_kernel<P>, kGradRThreads>(
-          "delta chunked: grad", dim3(std::min(NC * BH, unsigned(resident_blocks<grad_r_kernel<P>, kGradRThreads>(smem)))), smem, a);
+      constexpr auto one = grad_r_kernel<P, 1>, any = grad_r_kernel<P, 0>;
+      const int slots = d.n_h == 1 ? resident_blocks<one, kGradRThreads>(smem) : resident_blocks<any, kGradRThreads>(smem);
+      const dim3 grid(std::min(NC * BH, unsigned(slots)));
+      return d.n_h == 1 ? launch<one, kGradRThreads>("delta chunked: grad", grid, smem, a)
+                        : launch<any, kGradRThreads>("delta chunked: grad", grid, smem, a);
     }
   }
   if constexpr (grad_bf16_tiles(P, 32, 32)) {
