@@ -405,7 +405,7 @@ void delta_rule_backward_chunked(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, con
           T* dkk = dk + off.k + s.kidx(t, j);
           for (int c2 = 0; c2 < Dk; ++c2) dkk[c2] += dK[size_t(i) * Dk + c2];
           const T lg = s.blt(t, j);
-          dbeta_logit[off.b + s.bidx(t, j)] += dbeta[i] * ch.beta[i] * (T(1) - sigmoid(lg));
+          dbeta_logit[off.b + s.bidx(t, j)] += dbeta[i] * ch.beta[i] * sigmoid(-lg);  // (delta_rule_cpu.cpp)
           acc += dG[i];
           if (ch.gated && j == 0) dg[off.g + size_t(t) * H] += acc;
         }

@@ -1855,8 +1855,8 @@ __device__ void write_beta_gate_grads(const Args& a, int b, int h, int c, const 
     if (e.ok) {
       const size_t tb = tok_index(a, b, e.t);
       float* pb = a.dbl + tb * a.lb + size_t(e.j) * a.H + h;
-      const float s = sigmoidf(a.bl[tb * a.lb + size_t(e.j) * a.H + h]);
-      const float v = dbeta[tid] * beta[tid] * (1.f - s);
+      // d beta / dx = beta sigmoid(-x) (1 - sigmoid(x) is 0 in float from x ~ 17 on)
+      const float v = dbeta[tid] * beta[tid] * sigmoidf(-a.bl[tb * a.lb + size_t(e.j) * a.H + h]);
       *pb = a.accumulate ? *pb + v : v;
       if (a.g && e.j == 0) {
         float* pg = a.dg + tb * a.H + h;

@@ -275,8 +275,9 @@ static void backward_impl(T* dq, T* dk, T* dv, T* dbeta_logit, T* dg, const T* d
             }
             T* dvv = dv + off.v + s.vidx(t, j);
             for (int c = 0; c < Dv; ++c) dvv[c] += du[c];
-            // beta = s sigmoid(x)  =>  d beta / dx = beta (1 - sigmoid(x))
-            dbeta_logit[off.b + s.bidx(t, j)] += dbeta * beta * (T(1) - sigmoid(lg));
+            // beta = s sigmoid(x)  =>  d beta / dx = beta (1 - sigmoid(x)) = beta sigmoid(-x) (not
+            // 1 - sigmoid(x), which is 0 in float from x ~ 17 on, where beta = 2 is a reflection)
+            dbeta_logit[off.b + s.bidx(t, j)] += dbeta * beta * sigmoid(-lg);
           }
           if (g) {
             // S_gated = a S_prev:  dg = a (dS . S_prev) ; dS_prev = a dS

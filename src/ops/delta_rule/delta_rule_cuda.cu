@@ -222,7 +222,8 @@ __device__ void fill_coef(float* coef, const float* buf, const Smem& L, const Ar
   for (int x = threadIdx.x; x < n; x += blockDim.x) {
     const float sg = 1.f / (1.f + expf(-buf[L.bl + x]));
     coef[x] = a.bscale * sg;                          // beta = s sigmoid(x)
-    coef[kC * a.nh + x] = a.bscale * sg * (1.f - sg);  // d beta / dx = beta (1 - sigmoid(x))
+    // d beta / dx = beta (1 - sigmoid(x)) = beta sigmoid(-x): 1 - sg is 0 in float from x ~ 17 on
+    coef[kC * a.nh + x] = a.bscale * sg / (1.f + expf(buf[L.bl + x]));
   }
   for (int x = threadIdx.x; x < nt; x += blockDim.x) coef[2 * kC * a.nh + x] = a.g ? expf(buf[L.g + x]) : 1.f;
   __syncthreads();
