@@ -983,10 +983,16 @@ __device__ void prep_decays(const Args& a, size_t ch, double* G, const float* be
     a.beta[ch * kE + tid] = beta[tid];
   }
 }
+// exp(G_i - G_j), the decay from event j to event i of a chunk: 1 without a gate (G is then 0, and
+// exp(0) is 1 exactly: the same values without the 4096 exponentials a chunk that prep and the
+// gradient kernels' element passes would spend on it).
+__device__ __forceinline__ float decay(bool gated, const double* G, int i, int j) {
+  return gated ? expf(float(G[i] - G[j])) : 1.f;
+}
 // Mt = M transposed (Mt[j][i] = M_ij = beta_i (K K^T)_ij exp(G_i - G_j), strictly lower M) from
 // As = K K^T. No barrier.
-__device__ __forceinline__ void form_mt(const float* As, float* Mt, const float* beta, const double* G) {
-  each(kE, kE, [&](int i, int j) { Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * expf(float(G[i] - G[j])) : 0.f; });
+__device__ __forceinline__ void form_mt(bool gated, const float* As, float* Mt, const float* beta, const double* G) {
+  each(kE, kE, [&](int i, int j) { Mt[j * kLdE + i] = j < i ? beta[i] * As[i * kLdE + j] * decay(gated, G, i, j) : 0.f; });
 }
 // Tn = Tinv = (I + M)^-1 (Mt: M transposed, strictly lower M) in blocks of 16 rows, all in fp32:
 // first the four diagonal blocks' inverses by substitution (x_j = delta_jc - sum_{m<j} M_jm x_m, 16
@@ -1065,7 +1071,7 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   prep_decays(a, ch, G, beta, gam);
   mm<false, true, MM>(As, kLdE, X, ldx, X, ldx, kE, kE, Dk, 1.f);
   __syncthreads();
-  form_mt(As, Mt, beta, G);
+  form_mt(a.g != nullptr, As, Mt, beta, G);
   __syncthreads();
   solve_tinv(Mt, Tn);
   __syncthreads();
@@ -1076,7 +1082,7 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Args a) {
   float* Pg = a.Pm + ch * size_t(a.Rp) * kE;
   each(a.Rp, kE, [&](int r, int j) {
     const int row = r * a.nh + a.nh - 1;
-    Pg[r * kE + j] = row_ok(a, c, r) && j <= row ? As[r * kLdE + j] * expf(float(G[row] - G[j])) : 0.f;
+    Pg[r * kE + j] = row_ok(a, c, r) && j <= row ? As[r * kLdE + j] * decay(a.g != nullptr, G, row, j) : 0.f;
   });
   each(kE, Dk, [&](int i, int col) { X[i * ldx + col] *= beta[i] * gam[i]; });
   __syncthreads();
@@ -1161,8 +1167,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
     const int row = r * nh + nh - 1;
     float2 v = make_float2(0.f, 0.f);
     if (row_ok(a, c, r)) {
-      if (j <= row) v.x = x * expf(float(G[row] - G[j]));
-      if (j + 1 <= row) v.y = y * expf(float(G[row] - G[j + 1]));
+      if (j <= row) v.x = x * decay(a.g != nullptr, G, row, j);
+      if (j + 1 <= row) v.y = y * decay(a.g != nullptr, G, row, j + 1);
     }
     *reinterpret_cast<float2*>(Pg + r * kE + j) = v;
   }, {TermS{Qh, lbK, Kh, lbK, Dk}});
@@ -1178,12 +1184,12 @@ __global__ void __launch_bounds__(kPrepThreads) prep_s_kernel(Args a) {
       const long long off = value_row(a, b, h, c, warp + 8 * u);
       vv[u] = off >= 0 && 4 * lane < Dv ? load4(a.v + off + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    form_mt(As, Mt, beta, G);
+    form_mt(a.g != nullptr, As, Mt, beta, G);
 #pragma unroll
     for (int u = 0; u < HeldKeys::kRows; ++u)
       if (4 * lane < Dv) put_bf16x4(Vh + (warp + 8 * u) * lbV + 4 * lane, vv[u], beta[warp + 8 * u]);
   } else {
-    form_mt(As, Mt, beta, G);
+    form_mt(a.g != nullptr, As, Mt, beta, G);
   }
   __syncthreads();
   solve_tinv(Mt, Tn);
@@ -2105,7 +2111,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
       return;
     }
     p = (gated && j < i && tok[i] != tok[j]) ? dp * p : 0.f;
-    dp *= expf(float(G[i] - G[j]));
+    dp *= decay(gated, G, i, j);
   });
   __syncthreads();
   grad_gate_of_e(gated, P1, Rp, a.nh, dG);
@@ -2138,7 +2144,7 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(Args a) {
       dm = kk = 0.f;
       return;
     }
-    const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+    const float dec = decay(gated, G, i, j);
     const float A = kk * dec, da = beta[i] * dm;
     kk = dm * A;                                      // kept for dbeta (row sums)
     dm = da * dec;                                    // F
@@ -2319,7 +2325,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
           if (row_ok(a, c, r) && j <= i) {
             const float dp = dP[r * kLdE + j];
             e = (gated && j < i && tok[i] != tok[j]) ? dp * p[u] : 0.f;
-            v = dp * expf(float(G[i] - G[j]));
+            v = dp * decay(gated, G, i, j);
           }
           P1[r * kLdE + j] = e;
           R6[r * lbE + j] = __float2bfloat16_rn(v);
@@ -2375,7 +2381,7 @@ __global__ void __launch_bounds__(kThreads) grad_s_kernel(Args a) {
         return;
       }
       const float dm = R2[i * kLdE + j];
-      const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+      const float dec = decay(gated, G, i, j);
       P1[i * kLdE + j] = dm * P1[i * kLdE + j] * dec;
       const bf16 f = __float2bfloat16_rn(beta[i] * dm * dec);
       R6[i * lbE + j] = f, R6[j * lbE + i] = f;
@@ -2534,7 +2540,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
           float e = 0.f, o = 0.f;
           if (row_ok(a, c, r) && jj <= i) {
             e = (gated && jj < i && tok[i] != tok[jj]) ? dp * Pg[r * kE + jj] : 0.f;
-            o = dp * expf(float(G[i] - G[jj]));
+            o = dp * decay(gated, G, i, jj);
           }
           RF[r * lbE + jj] = __float2bfloat16_rn(o);
           rowpart[k >> 1] += e;
@@ -2754,7 +2760,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
           float f = 0.f;
           if (j < i) {
             const float dm = -m[q][e];
-            const float dec = gated ? expf(float(G[i] - G[j])) : 1.f;
+            const float dec = decay(gated, G, i, j);
             const float e2 = dm * kk[q][e] * dec;
             rowdb[e >> 1] += e2;
             if (gated && tok[i] != tok[j]) {
