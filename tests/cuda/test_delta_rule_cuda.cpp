@@ -990,8 +990,11 @@ TEST(DeltaRuleCudaChunked, Bf16ErrorAgainstFp64) {
 
 // The bf16 kernels on the other shapes they take: head dims that differ (the bf16-tile grad kernel
 // takes multiples of 32, the fp32-tile one the rest), sub-steps with a gate, chunks cut short by
-// T. Measured on an H200 (2026-11-29): worst factor 2.7 on the bf16-tile grad kernel (dv at n_h 3
-// and 4), 2.9 on the fp32-tile one (dv, Dk 48), the others 0.8-2.4. Bound 4, as above: the
+// T, and head dims 128 (grad_r) at n_h 1-4, once with beta = 2 exactly. Measured on an H200
+// (2026-11-29): worst factor 2.7 on the bf16-tile grad kernels (dv at n_h 3 and 4; dv on grad_r
+// at beta = 2), 2.9 on the fp32-tile one (dv, Dk 48), the others 0.8-2.4. (At beta = 2 the
+// backward once gave dbeta_logit a relative error of 1.0, x220: 1 - sigmoid(x) is 0 in float
+// there; it now forms sigmoid(-x).) Bound 4, as above: the
 // kernels' sums are in a fixed order on any GPU, so the margin (1.4x) is against a change of
 // kernel, not of machine.
 TEST(DeltaRuleCudaChunked, Bf16ErrorAgainstFp64AcrossShapes) {

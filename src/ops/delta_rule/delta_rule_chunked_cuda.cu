@@ -37,7 +37,9 @@
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
 //            bf16 products and head dims that are multiples of 32, every operand staged once as a
-//            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel)
+//            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel; at head dims 128, with the
+//            states and dS bf16 in memory, grad_r_kernel: the same math in blocks of 8 warps, two
+//            an SM, its accumulators in registers)
 // With bf16 products, where all five kernels are the bf16-tile ones, the states and U~ (the
 // checkpoint) and the backward's dS and dU~ go to memory as bf16: the values the readers rounded
 // them to before, so the same products from half the bytes (Args::hs, hg; the gate's term
