@@ -37,9 +37,7 @@
 //   grad     one block per chunk, all of Dv: dq, dk, dv, dbeta, dg from S0, dS, U~, dU~ and the
 //            transposed products of delta_rule_chunked_cpu.cpp (no atomics: deterministic); with
 //            bf16 products and head dims that are multiples of 32, every operand staged once as a
-//            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel; at head dims 128, with the
-//            states and dS bf16 in memory, grad_r_kernel: the same math in blocks of 8 warps, two
-//            an SM, its accumulators in registers)
+//            bf16 tile and fed to the MMAs by ldmatrix (grad_s_kernel)
 // With bf16 products, where all five kernels are the bf16-tile ones, the states and U~ (the
 // checkpoint) and the backward's dS and dU~ go to memory as bf16: the values the readers rounded
 // them to before, so the same products from half the bytes (Args::hs, hg; the gate's term
@@ -2507,29 +2505,19 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
     for (int i = threadIdx.x; i < 2 * kE; i += blockDim.x) rows2[i / kE][i % kE] = 0.f;
     for (int i = threadIdx.x; i < 4 * kE; i += blockDim.x) cols4[i / kE][i % kE] = 0.f;
   };
-  auto state_at = [&](int w) {  // chunk w's starting state, bf16 in memory
-    return reinterpret_cast<const bf16*>(a.states) + (size_t(w / a.NC) * (a.NC + 1) + w % a.NC) * Dk * Dv;
-  };
-  // Chunk w's U~ -> A, dU~ -> D and the first half of its S0 -> C by cp.async (committed): for a
-  // block's first chunk in phase 0, for each later one in the phase 7 before it, where those
-  // regions are free (in flight over phase 7's product and stores).
-  auto copy_first = [&](int w) {
-    const size_t u_at = size_t(w) * kE * Dv;
-    copy_or_stage_to_bf16(a.Ut, true, u_at, Dv, kE, Dv, RA, lb);
-    copy_or_stage_to_bf16(a.dUt, true, u_at, Dv, kE, Dv, RD, lb);
-    copy_bf16_rows(RC, lb, state_at(w), 64, Dv);
-    __pipeline_commit();
-  };
-  if (int(blockIdx.x) < chunks) copy_first(blockIdx.x);
   for (int w = blockIdx.x; w < chunks; w += gridDim.x) {
     const int c = w % a.NC, bh = w / a.NC, b = bh / a.H, h = bh % a.H;
-    const size_t ch = size_t(w);
+    const size_t ch = size_t(w), s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
     const float* Qc = a.Qc + ch * Rp * Dk;
-    const bf16* S0g = state_at(w);
+    const bf16* S0g = reinterpret_cast<const bf16*>(a.states) + s_at;
     const bf16* dSg = reinterpret_cast<const bf16*>(a.dS) + ch * Dk * Dv;
-    // Phase 0: dO -> B (U~, dU~ and S0's first half are on their way: copy_first).
+    // Phase 0: U~ -> A, dO -> B, dU~ -> D, S0's first half -> C.
     grad_events(a, c, ch, beta, dG, dbeta, tok);
     clear_sums();
+    copy_or_stage_to_bf16(a.Ut, true, u_at, Dv, kE, Dv, RA, lb);
+    copy_or_stage_to_bf16(a.dUt, true, u_at, Dv, kE, Dv, RD, lb);
+    copy_bf16_rows(RC, lb, S0g, 64, Dv);
+    __pipeline_commit();
     stage(stage_tile(a.dout, kE, Dv, [&](int r) { return out_row(a, b, h, c, r); }, bf16_rows(RB, lb)));
     load_decays(a, ch, G, gam, D);
     __pipeline_wait_prior(0);
@@ -2812,9 +2800,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
       if (gated) fold(dG, 0.f, -1.f);
     }
     __syncthreads();
-    // Phase 7: dK += (F + F^T) K~; dk out; beta's and the gates' gradients. A, C and D are read no
-    // more: the next chunk's first operands into them (after the product: before it, the copies'
-    // addresses cost the product's registers).
+    // Phase 7: dK += (F + F^T) K~; dk out; beta's and the gates' gradients.
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int nn = s ? n1 : n0;
@@ -2824,7 +2810,6 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
         if (off >= 0) put2(a.dk + off + col, x, y, a.accumulate);
       });
     }
-    if (w + int(gridDim.x) < chunks) copy_first(w + gridDim.x);
     write_beta_gate_grads(a, b, h, c, beta, dbeta, dG, dGL);
     __syncthreads();
   }
