@@ -2505,18 +2505,6 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
     for (int i = threadIdx.x; i < 2 * kE; i += blockDim.x) rows2[i / kE][i % kE] = 0.f;
     for (int i = threadIdx.x; i < 4 * kE; i += blockDim.x) cols4[i / kE][i % kE] = 0.f;
   };
-  // A 64-wide strip's column sums (each lane's part[q][u]: its two rows at column n0 + 8 q + 2
-  // (lane & 3) + u) over the warp's 16 rows -> cols4[row block].
-  auto column_sums_to_cols4 = [&](const float (&part)[4][2]) {
-    const int g = lane >> 2, t2 = (lane & 3) * 2;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float s = column_sum(part[q][u]);
-        if (g == 0) cols4[m0 >> 4][n0 + 8 * q + t2 + u] = s;
-      }
-  };
   for (int w = blockIdx.x; w < chunks; w += gridDim.x) {
     const int c = w % a.NC, bh = w / a.NC, b = bh / a.H, h = bh % a.H;
     const size_t ch = size_t(w), s_at = (size_t(bh) * (a.NC + 1) + c) * Dk * Dv, u_at = ch * kE * Dv;
@@ -2559,14 +2547,20 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
           colpart[q][k & 1] += e;
         }
       if (gated) {
-        const int g = lane >> 2;
+        const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = m0 + g + 8 * hh;
           const float s = quad_sum(rowpart[hh]);
           if ((lane & 3) == 0 && (NH == 1 || row_ok(a, c, r))) rows2[cb][reader(r)] = s;
         }
-        column_sums_to_cols4(colpart);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float s = column_sum(colpart[q][u]);
+            if (g == 0) cols4[m0 >> 4][n0 + 8 * q + t2 + u] = s;
+          }
       }
     }
     for (int half = 0; half < 2; ++half) {
@@ -2780,7 +2774,7 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
             RF[i * lbE + j] = fb, RF[j * lbE + i] = fb;
           }
         }
-      const int g = lane >> 2;
+      const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float db = quad_sum(rowdb[hh]), rg = quad_sum(rowg[hh]);
@@ -2795,10 +2789,15 @@ __global__ void __launch_bounds__(kGradRThreads, 2) grad_r_kernel(Args a) {
       __syncthreads();
       clear_sums();
       __syncthreads();
-      if (gated) {
-        column_sums_to_cols4(colg);
-        fold(dG, 0.f, -1.f);
-      }
+      if (gated)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float s = column_sum(colg[q][u]);
+            if (g == 0) cols4[m0 >> 4][n0 + 8 * q + t2 + u] = s;
+          }
+      if (gated) fold(dG, 0.f, -1.f);
     }
     __syncthreads();
     // Phase 7: dK += (F + F^T) K~; dk out; beta's and the gates' gradients.
