@@ -204,6 +204,35 @@ TEST(DeltaRuleChunked, Fp32ErrorWithinTwiceTheRecurrences) {
   }
 }
 
+// beta = 2 sigmoid(x) saturates in float from x ~ 17 on (beta = 2 exactly: a reflection), but its
+// gradient d beta / dx = beta sigmoid(-x) does not vanish there: both fp32 backward forms must keep
+// dbeta_logit within fp32 rounding of the fp64 one. (Formed as beta (1 - sigmoid(x)) it was 0:
+// relative error 1.0, which this test gives for that form.)
+TEST(DeltaRuleChunked, Fp32BetaGradientAtSaturatedLogits) {
+  Inputs in(dims(1, 130, 2, 32, 32, 1, EigenRange::Signed), 23, true, 2.0, -1.0, 0.0);
+  in.bl = randu(in.bl.size(), 24, 18.0, 40.0);
+  const Result ref = recurrent(in);
+  auto to_f = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const std::vector<float> q = to_f(in.q), k = to_f(in.k), v = to_f(in.v), bl = to_f(in.bl), g = to_f(in.g),
+                           dout = to_f(in.dout);
+  for (const bool chunk : {false, true}) {
+    SCOPED_TRACE(chunk ? "chunked" : "recurrent");
+    std::vector<float> o(ref.o.size()), dq(q.size()), dk(k.size()), dv(v.size()), db(bl.size()), dg(g.size());
+    std::vector<float> ckpt(delta_rule_ckpt_size(in.d));
+    auto fwd = chunk ? delta_rule_forward_chunked<float> : delta_rule_forward_recurrent<float>;
+    auto bwd = chunk ? delta_rule_backward_chunked<float> : delta_rule_backward_recurrent<float>;
+    fwd(o.data(), q.data(), k.data(), v.data(), bl.data(), g.data(), in.d, ckpt.data(), nullptr);
+    bwd(dq.data(), dk.data(), dv.data(), db.data(), dg.data(), dout.data(), q.data(), k.data(), v.data(), bl.data(),
+        g.data(), in.d, ckpt.data());
+    const double e = rel(std::vector<double>(db.begin(), db.end()), ref.dbl);
+    std::printf("%s dbeta_logit at logits 18-40, fp32: relative error %.2e (max |dbeta_logit| %.2e)\n",
+                chunk ? "chunked  " : "recurrent", e, *std::max_element(db.begin(), db.end(), [](float a, float b) {
+                  return std::fabs(a) < std::fabs(b);
+                }));
+    EXPECT_LT(e, 1e-3);
+  }
+}
+
 // The parity tracker through chunks: one key e_0 for every token, the state starting at e_0 e_0^T,
 // values 0, beta = 2 (a reflection: the state's sign flips) for a 1 bit and 0 for a 0 bit. The
 // read-out q = e_0 is +-1/sqrt(Dk) with the parity's sign, for 10^4 tokens, in fp32.
