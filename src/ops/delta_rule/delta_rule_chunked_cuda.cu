@@ -101,8 +101,6 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
