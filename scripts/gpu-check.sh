@@ -189,10 +189,12 @@ run_checks() {
 }
 
 # SECTIONS ab: a kernel change measured against the packs in BASE_PACK, the way docs/RESULTS.md's
-# change tables were: each kernel of the chunked delta rule (LRNN_CUDA_PROFILE=1, two shapes)
-# with the packs alternating, AB_ROUNDS rounds (default 2), then 25 steps of the 4-layer DeltaNet
-# LM (V 32000, context 2048, random tokens) with each, alternating twice: tokens/s over the last
-# 10 steps and an md5 of the 25 losses (equal md5: the change left every value as it was). A base
+# change tables were: each kernel of the chunked delta rule (LRNN_CUDA_PROFILE=1; B 8 x T 2048 x
+# H 8 at n_h 1, and gated at n_h 2 and 3; B 8 x T 4096 x H 16) with the packs alternating,
+# AB_ROUNDS rounds (default 2), then 25 steps of the 4-layer DeltaNet LM (V 32000, context 2048,
+# random tokens) with each, alternating twice: tokens/s over the last 10 steps and an md5 of the
+# 25 losses (equal md5: the change left every value as it was), then this pack's LM step per op
+# (bench_cuda --profile-config, full packs only). A base
 # pack needs only lrnn and tests/cuda_tests (in DIR or DIR/pack.tar.xz): this pack's libraries
 # serve both, which keeps two packs within a device call's carry. On a device:
 #   BASE_PACK=.gpu-base PACK=.gpu SECTIONS="tests ab" bash scripts/gpu-run.sh
